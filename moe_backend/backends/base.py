@@ -1,0 +1,74 @@
+"""The interface every transport implements; the Communicator drives it.
+
+The Communicator validates inputs, keeps the round state machine and builds the public
+results; a backend only moves data. Inputs reaching a backend are already checked:
+`topk_ids` int32 contiguous `[T, topk]`, `num_tokens` a host int or an int32 `[1]` device
+tensor, every tensor on the communicator's device.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..result import Handle
+from ..spec import CommSpec
+
+
+@dataclasses.dataclass
+class Received:
+    """What a backend's dispatch receive produces (see docs/CONTRACT.md for each field)."""
+
+    tokens: torch.Tensor
+    scales: torch.Tensor | None
+    weights: torch.Tensor | None
+    tokens_per_expert: torch.Tensor
+    expert_offsets: torch.Tensor
+    src_group: torch.Tensor
+    src_token: torch.Tensor
+    src_k: torch.Tensor
+    backend_state: Any = None
+
+
+class Backend(abc.ABC):
+    """One transport for one `CommSpec` on one process group."""
+
+    name: str = "abstract"
+
+    def __init__(self, spec: CommSpec, group: dist.ProcessGroup | None, device: torch.device):
+        self.spec = spec
+        self.group = group
+        self.device = device
+        self.rank = dist.get_rank(group)
+
+    @abc.abstractmethod
+    def dispatch_send(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        x_scale: torch.Tensor | None,
+        num_tokens: int | torch.Tensor,
+    ) -> Any:
+        """Start sending; never blocks on peers. Returns state for `dispatch_recv`."""
+
+    @abc.abstractmethod
+    def dispatch_recv(self, pending: Any) -> Received:
+        """Wait for this round's tokens and lay them out per local expert."""
+
+    @abc.abstractmethod
+    def combine_send(
+        self, expert_y: torch.Tensor, handle: Handle, weights: torch.Tensor | None
+    ) -> Any:
+        """Reduce per source token on this rank and start sending the partials."""
+
+    @abc.abstractmethod
+    def combine_recv(self, pending: Any, out: torch.Tensor) -> torch.Tensor:
+        """Wait for the partials of this rank's tokens and sum them into `out`."""
+
+    def close(self) -> None:
+        """Release buffers; collective for backends with symmetric memory."""

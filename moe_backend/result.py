@@ -1,0 +1,83 @@
+"""What dispatch returns: the received tokens and the handle combine needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .spec import CommSpec
+
+
+@dataclasses.dataclass
+class Handle:
+    """Routing metadata of one dispatch round; consumed by combine and by backward.
+
+    `src_group`, `src_token`, `src_k` describe each received row (see docs/CONTRACT.md).
+    `backend_state` holds whatever the backend needs beyond that; it is opaque.
+    """
+
+    comm_id: int
+    round: int
+    spec: CommSpec
+    num_tokens: int | torch.Tensor
+    num_input_rows: int
+    tokens_per_expert: torch.Tensor
+    expert_offsets: torch.Tensor
+    src_group: torch.Tensor
+    src_token: torch.Tensor
+    src_k: torch.Tensor
+    topk_ids: torch.Tensor
+    backend_state: Any = None
+
+    def num_valid_rows(self) -> int:
+        """Rows of the dispatch result that hold data (reads the device: a host sync)."""
+        return int(self.expert_offsets[-1].item())
+
+
+@dataclasses.dataclass
+class DispatchResult:
+    tokens: torch.Tensor
+    scales: torch.Tensor | None
+    weights: torch.Tensor | None
+    tokens_per_expert: torch.Tensor
+    expert_offsets: torch.Tensor
+    handle: Handle
+
+    def valid(self) -> "DispatchResult":
+        """The same result trimmed to the rows that hold data (one host sync)."""
+        n = self.handle.num_valid_rows()
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens[:n],
+            scales=None if self.scales is None else self.scales[:n],
+            weights=None if self.weights is None else self.weights[:n],
+        )
+
+    def padded(self, capacity: int | None = None) -> torch.Tensor:
+        """`[L, capacity, hidden]` per-expert batches for batched GEMMs, zero past each count.
+
+        Built on the device without a host sync: row `i` of expert `e` is flat row
+        `expert_offsets[e] + i` when `i < tokens_per_expert[e]`.
+        """
+        spec = self.handle.spec
+        cap = spec.expert_capacity if capacity is None else capacity
+        if cap < 1:
+            raise ValueError(f"capacity must be >= 1, got {cap}")
+        num_local = spec.num_local_experts
+        device = self.tokens.device
+        slot = torch.arange(cap, device=device)
+        rows = self.expert_offsets[:-1, None] + slot[None, :]
+        valid = slot[None, :] < self.tokens_per_expert[:, None]
+        rows = torch.where(valid, rows, torch.zeros_like(rows)).clamp_(max=max(self.tokens.shape[0] - 1, 0))
+        out = torch.zeros(num_local, cap, spec.hidden, dtype=self.tokens.dtype, device=device)
+        if self.tokens.shape[0] == 0:
+            return out
+        gathered = self.tokens.index_select(0, rows.reshape(-1)).view(num_local, cap, spec.hidden)
+        # fp8 has no where(); select through a byte view, which is exact for every dtype.
+        mask = valid[:, :, None].expand_as(gathered)
+        out_bytes = out.view(torch.uint8) if out.element_size() == 1 else out
+        src_bytes = gathered.view(torch.uint8) if gathered.element_size() == 1 else gathered
+        out_bytes[mask] = src_bytes[mask]
+        return out
