@@ -9,6 +9,7 @@ it synchronises with the host (split sizes) like any dense all-to-all must.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.distributed as dist
@@ -20,12 +21,13 @@ _META = 4  # int64 fields per dispatched row: group, token, local expert, k
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """View a 2-D tensor's rows as raw bytes, so every dtype travels through gloo."""
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1)
+    """View a tensor's rows as raw bytes, so every dtype travels through gloo."""
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], math.prod(t.shape[1:]) * t.element_size())
 
 
 def _from_bytes(b: torch.Tensor, dtype: torch.dtype, cols: int) -> torch.Tensor:
-    return b.contiguous().view(dtype).reshape(b.shape[0], cols)
+    # A fresh flat copy: column slices of the packed rows are neither contiguous nor aligned.
+    return b.reshape(-1).clone().view(dtype).reshape(b.shape[0], cols)
 
 
 def token_rank_mask(topk_ids: torch.Tensor, num_local: int, world: int) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""Backend registry: `reference` everywhere, `nvshmem` where the native extension loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..spec import CommSpec
+from .base import Backend, Received
+
+BACKENDS = ("auto", "reference", "nvshmem")
+
+__all__ = ["BACKENDS", "Backend", "Received", "create_backend", "nvshmem_available"]
+
+
+def nvshmem_available() -> tuple[bool, str]:
+    """Whether the nvshmem backend can run here, and why not when it cannot."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    try:
+        from . import nvshmem  # noqa: F401
+    except ImportError as err:
+        return False, f"native extension unavailable: {err}"
+    return True, "ok"
+
+
+def create_backend(
+    name: str, spec: CommSpec, group: dist.ProcessGroup | None, device: torch.device, **options: Any
+) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "auto":
+        name = "nvshmem" if device.type == "cuda" and nvshmem_available()[0] else "reference"
+    if name == "reference":
+        if options:
+            raise ValueError(f"the reference backend takes no options, got {sorted(options)}")
+        from .reference import ReferenceBackend
+
+        return ReferenceBackend(spec, group, device)
+    ok, why = nvshmem_available()
+    if not ok:
+        raise RuntimeError(f"backend 'nvshmem' is unavailable: {why}")
+    if device.type != "cuda":
+        raise ValueError(f"backend 'nvshmem' needs a CUDA device, got {device}")
+    from .nvshmem import NvshmemBackend
+
+    return NvshmemBackend(spec, group, device, **options)

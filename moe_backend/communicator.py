@@ -1,0 +1,184 @@
+"""The public communicator: validates, keeps the round state machine, drives a backend."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import validate
+from .backends import create_backend
+from .result import DispatchResult, Handle
+from .spec import CommSpec
+
+_ids = itertools.count(1)
+
+
+class RoundError(RuntimeError):
+    """A call out of the dispatch -> combine order (see docs/CONTRACT.md)."""
+
+
+class Communicator:
+    """Dispatch/combine for one expert-parallel group and one `CommSpec`.
+
+    Create it on every rank of `group` (collective for backends with symmetric memory).
+    Calls alternate: dispatch, then combine with that dispatch's handle.
+    """
+
+    def __init__(
+        self,
+        spec: CommSpec,
+        group: dist.ProcessGroup | None = None,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        check_inputs: bool = True,
+        **backend_options: Any,
+    ):
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed must be initialised before creating a Communicator")
+        world = dist.get_world_size(group)
+        if spec.world_size != world:
+            raise ValueError(f"spec.world_size={spec.world_size} but the process group has {world} ranks")
+        self.spec = spec
+        self.group = group
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.check_inputs = check_inputs
+        self.rank = dist.get_rank(group)
+        self.id = next(_ids)
+        self.backend = create_backend(backend, spec, group, self.device, **backend_options)
+        self._round = 0
+        self._phase = "idle"  # idle -> dispatch_sent -> dispatched -> combine_sent -> idle
+        self._pending: Any = None
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def _expect_phase(self, allowed: str, action: str) -> None:
+        if self._phase != allowed:
+            raise RoundError(f"cannot {action} while the communicator is in phase '{self._phase}' (expected '{allowed}')")
+
+    # -- dispatch ---------------------------------------------------------------------
+    def dispatch_send(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor | None = None,
+        x_scale: torch.Tensor | None = None,
+        num_tokens: int | torch.Tensor | None = None,
+    ) -> "DispatchReceiver":
+        """Start the dispatch; returns the receiver whose `recv()` completes it."""
+        self._expect_phase("idle", "dispatch")
+        x, ids, weights, scale, n = validate.check_dispatch(
+            self.spec, self.device, x, topk_ids, topk_weights, x_scale, num_tokens, self.check_inputs
+        )
+        pending = self.backend.dispatch_send(x, ids, weights, scale, n)
+        self._round += 1
+        self._phase = "dispatch_sent"
+        return DispatchReceiver(self, self._round, pending, ids, n, x.shape[0])
+
+    def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> DispatchResult:
+        return self.dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens).recv()
+
+    # -- combine ----------------------------------------------------------------------
+    def combine_send(
+        self,
+        expert_y: torch.Tensor,
+        handle: Handle,
+        weights: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> "CombineReceiver":
+        """Start the combine; returns the receiver whose `recv()` returns the output."""
+        y, handle, weights, out = validate.check_combine(
+            self.spec, self.device, self.id, self._round, expert_y, handle, weights, out
+        )
+        self._expect_phase("dispatched", "combine")
+        pending = self.backend.combine_send(y, handle, weights)
+        self._phase = "combine_sent"
+        if out is None:
+            out = torch.empty(handle.num_input_rows, self.spec.hidden, dtype=self.spec.out_dtype, device=self.device)
+        return CombineReceiver(self, self._round, pending, out)
+
+    def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
+        return self.combine_send(expert_y, handle, weights, out).recv()
+
+    def close(self) -> None:
+        self.backend.close()
+        self._phase = "closed"
+
+
+class _Receiver:
+    def __init__(self, comm: Communicator, round_: int, phase: str):
+        self._comm = comm
+        self._round = round_
+        self._phase = phase
+        self._used = False
+
+    def _claim(self) -> None:
+        comm = self._comm
+        if self._used:
+            raise RoundError("this receiver was already used; each send has exactly one recv")
+        if comm._round != self._round or comm._phase != self._phase:
+            raise RoundError(
+                f"stale receiver: it belongs to round {self._round} ({self._phase}) but the communicator "
+                f"is at round {comm._round} ({comm._phase})"
+            )
+        self._used = True
+
+
+class DispatchReceiver(_Receiver):
+    def __init__(self, comm, round_, pending, topk_ids, num_tokens, rows):
+        super().__init__(comm, round_, "dispatch_sent")
+        self._pending = pending
+        self._topk_ids = topk_ids
+        self._num_tokens = num_tokens
+        self._rows = rows
+
+    def recv(self) -> DispatchResult:
+        self._claim()
+        comm = self._comm
+        got = comm.backend.dispatch_recv(self._pending)
+        comm._phase = "dispatched"
+        handle = Handle(
+            comm_id=comm.id,
+            round=self._round,
+            spec=comm.spec,
+            num_tokens=self._num_tokens,
+            num_input_rows=self._rows,
+            tokens_per_expert=got.tokens_per_expert,
+            expert_offsets=got.expert_offsets,
+            src_group=got.src_group,
+            src_token=got.src_token,
+            src_k=got.src_k,
+            topk_ids=self._topk_ids,
+            backend_state=got.backend_state,
+        )
+        return DispatchResult(
+            tokens=got.tokens,
+            scales=got.scales,
+            weights=got.weights,
+            tokens_per_expert=got.tokens_per_expert,
+            expert_offsets=got.expert_offsets,
+            handle=handle,
+        )
+
+
+class CombineReceiver(_Receiver):
+    def __init__(self, comm, round_, pending, out):
+        super().__init__(comm, round_, "combine_sent")
+        self._pending = pending
+        self._out = out
+
+    def recv(self) -> torch.Tensor:
+        self._claim()
+        out = self._comm.backend.combine_recv(self._pending, self._out)
+        self._comm._phase = "idle"
+        return out
+
+
+def _default_device() -> torch.device:
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,82 @@
+"""Run a function on N local processes with torch.distributed set up (gloo or NCCL).
+
+Used by the CLI (when not started under torchrun) and by the multi-process tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def init_process_group(dist_backend: str, rank: int | None = None, world_size: int | None = None) -> None:
+    """Initialise from torchrun's environment, or from explicit rank/size on localhost."""
+    if dist_backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank or 0))
+        torch.cuda.set_device(local)
+    if rank is None:
+        dist.init_process_group(dist_backend)
+    else:
+        dist.init_process_group(dist_backend, rank=rank, world_size=world_size)
+
+
+def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, args: tuple, errors: Any) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["LOCAL_RANK"] = str(rank)
+    try:
+        init_process_group(dist_backend, rank, world)
+        fn(*args)
+    except BaseException:  # report every rank's failure to the parent
+        errors.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo", timeout: float = 600) -> None:
+    """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback."""
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, dist_backend, fn, args, errors), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    if failures:
+        detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures))
+        raise RuntimeError(f"{len(failures)} rank(s) failed:\n{detail}")
+    if hung:
+        raise RuntimeError(f"ranks {hung} did not finish within {timeout} s")
+    bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    if bad:
+        raise RuntimeError(f"ranks exited abnormally: {bad}")

@@ -1,0 +1,210 @@
+"""The contract suite's engine: random cases, a loop-based oracle, and bitwise checks.
+
+Every rank draws the inputs of *all* groups from the same seed, so each rank can compute
+what it must receive without any communication. The oracle restates docs/CONTRACT.md with
+plain loops, independently of any backend. Used by pytest (CPU and GPU) and by
+`moe-backend selftest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .communicator import Communicator
+from .spec import FP8, CommSpec
+
+ROUTINGS = ("uniform", "skewed", "dropped", "empty")
+NUM_TOKENS_MODES = ("none", "int", "tensor")
+
+
+@dataclasses.dataclass
+class GroupInputs:
+    x: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor | None
+    x_scale: torch.Tensor | None
+    num_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    spec: CommSpec
+    routing: str = "uniform"
+    seed: int = 0
+    weighted: bool = True
+    num_tokens_mode: str = "int"
+
+    def describe(self) -> str:
+        w = "weighted" if self.weighted else "unweighted"
+        return f"{self.spec.describe()} {self.routing} {w} n={self.num_tokens_mode} seed={self.seed}"
+
+
+def _random_topk(gen: torch.Generator, rows: int, spec: CommSpec) -> torch.Tensor:
+    return torch.rand(rows, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk].to(torch.int32)
+
+
+def make_inputs(case: Case) -> list[GroupInputs]:
+    """All groups' inputs for a case, on the CPU, identical on every rank."""
+    spec = case.spec
+    gen = torch.Generator().manual_seed(case.seed)
+    groups = []
+    for g in range(spec.num_groups):
+        rows = int(torch.randint(1, spec.max_num_tokens + 1, (1,), generator=gen))
+        n = int(torch.randint(0, rows + 1, (1,), generator=gen))
+        if case.routing == "empty" and g % 2 == 0:
+            n = 0
+        ids = _random_topk(gen, rows, spec)
+        if case.routing == "skewed":  # every token goes to expert 0, at a random position
+            has0 = (ids == 0).any(dim=1)
+            pos = torch.randint(0, spec.topk, (rows,), generator=gen)
+            ids[~has0, pos[~has0]] = 0
+        if case.routing == "dropped":
+            drop = torch.rand(rows, spec.topk, generator=gen) < 0.35
+            ids[drop] = -1
+        # Rows past num_tokens must be ignored: fill them with ids no backend may read.
+        ids[n:] = spec.num_experts + 12345
+        x = torch.randn(rows, spec.hidden, generator=gen) * 2
+        scale = None
+        if spec.in_dtype == FP8:
+            x = x.clamp(-448, 448).to(FP8)
+            scale = torch.rand(rows, spec.num_scales, generator=gen) + 0.5
+        else:
+            x = x.to(spec.in_dtype)
+        weights = torch.rand(rows, spec.topk, generator=gen) if case.weighted else None
+        groups.append(GroupInputs(x, ids, weights, scale, n))
+    return groups
+
+
+def expert_fn(tokens: torch.Tensor, global_expert: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """A stand-in expert: elementwise, so any backend's batch gives the same bits per row."""
+    factor = 1.0 + (global_expert.float() % 7) * 0.375
+    return (tokens.float() * factor[:, None]).to(out_dtype)
+
+
+@dataclasses.dataclass
+class Expected:
+    tokens: torch.Tensor
+    scales: torch.Tensor | None
+    weights: torch.Tensor | None
+    tokens_per_expert: torch.Tensor
+    src_group: torch.Tensor
+    src_token: torch.Tensor
+    src_k: torch.Tensor
+
+
+def oracle_dispatch(spec: CommSpec, groups: list[GroupInputs], rank: int) -> Expected:
+    """What `rank` must receive, by the contract's loops."""
+    L = spec.num_local_experts
+    rows, scales, weights, meta, counts = [], [], [], [], []
+    for e in range(L):
+        expert = rank * L + e
+        count = 0
+        for g, inp in enumerate(groups):
+            for t in range(inp.num_tokens):
+                hits = (inp.topk_ids[t] == expert).nonzero()
+                if hits.numel() == 0:
+                    continue
+                k = int(hits[0, 0])
+                rows.append(inp.x[t])
+                if inp.x_scale is not None:
+                    scales.append(inp.x_scale[t])
+                if inp.topk_weights is not None:
+                    weights.append(inp.topk_weights[t, k])
+                meta.append((g, t, k))
+                count += 1
+        counts.append(count)
+    empty = torch.empty(0, spec.hidden, dtype=spec.in_dtype)
+    m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
+    has_weights = groups[0].topk_weights is not None
+    return Expected(
+        tokens=torch.stack(rows) if rows else empty,
+        scales=(torch.stack(scales) if scales else torch.empty(0, spec.num_scales)) if spec.in_dtype == FP8 else None,
+        weights=(torch.stack(weights) if weights else torch.empty(0)) if has_weights else None,
+        tokens_per_expert=torch.tensor(counts, dtype=torch.int64),
+        src_group=m[:, 0],
+        src_token=m[:, 1],
+        src_k=m[:, 2],
+    )
+
+
+def oracle_combine(spec: CommSpec, groups: list[GroupInputs], group: int, weighted: bool) -> torch.Tensor:
+    """The combine output for `group`'s tokens, in the contract's summation order."""
+    inp = groups[group]
+    L = spec.num_local_experts
+    out = torch.zeros(inp.x.shape[0], spec.hidden, dtype=spec.out_dtype)
+    for t in range(inp.num_tokens):
+        total = torch.zeros(spec.hidden, dtype=torch.float32)
+        for r in range(spec.world_size):
+            acc = None
+            for k in range(spec.topk):
+                expert = int(inp.topk_ids[t, k])
+                if expert < 0 or expert // L != r:
+                    continue
+                y = expert_fn(inp.x[t][None], torch.tensor([expert]), spec.out_dtype)[0].float()
+                if weighted:
+                    y = y * inp.topk_weights[t, k]
+                acc = (acc if acc is not None else torch.zeros(spec.hidden)) + y
+            if acc is not None:
+                total = total + acc.to(spec.transfer_dtype).float()
+        out[t] = total.to(spec.out_dtype)
+    return out
+
+
+def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    # Compare bytes (NaN and -0.0 included) on fresh dense copies.
+    a, b = (torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1).view(torch.uint8) for t in (a, b))
+    return torch.equal(a, b)
+
+
+class ContractError(AssertionError):
+    pass
+
+
+def _expect(ok: bool, what: str, case: Case, rank: int) -> None:
+    if not ok:
+        raise ContractError(f"rank {rank}: {what} differs from the contract [{case.describe()}]")
+
+
+def run_case(comm: Communicator, case: Case) -> None:
+    """Dispatch, run the stand-in experts, combine; check every output bit for bit."""
+    spec, rank, device = comm.spec, comm.rank, comm.device
+    groups = make_inputs(case)
+    group = rank // spec.tp_size
+    mine = groups[group]
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    n: int | torch.Tensor | None = {
+        "none": None if mine.num_tokens == mine.x.shape[0] else mine.num_tokens,
+        "int": mine.num_tokens,
+        "tensor": torch.tensor([mine.num_tokens], dtype=torch.int32, device=device),
+    }[case.num_tokens_mode]
+    result = comm.dispatch(to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
+
+    want = oracle_dispatch(spec, groups, rank)
+    total = int(want.tokens_per_expert.sum())
+    _expect(bitwise_equal(result.tokens_per_expert, want.tokens_per_expert), "tokens_per_expert", case, rank)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), want.tokens_per_expert.cumsum(0)])
+    _expect(bitwise_equal(result.expert_offsets, offsets), "expert_offsets", case, rank)
+    _expect(result.tokens.shape[0] >= total, "row count", case, rank)
+    _expect(bitwise_equal(result.tokens[:total], want.tokens), "tokens", case, rank)
+    _expect(bitwise_equal(None if result.scales is None else result.scales[:total], want.scales), "scales", case, rank)
+    _expect(bitwise_equal(None if result.weights is None else result.weights[:total], want.weights), "weights", case, rank)
+    h = result.handle
+    for name in ("src_group", "src_token", "src_k"):
+        _expect(bitwise_equal(getattr(h, name)[:total], getattr(want, name)), name, case, rank)
+
+    # Stand-in experts on every received row (rows past `total` are garbage and unused).
+    local = torch.repeat_interleave(
+        torch.arange(spec.num_local_experts, device=device), result.tokens_per_expert, output_size=total
+    )
+    global_expert = torch.zeros(result.tokens.shape[0], dtype=torch.int64, device=device)
+    global_expert[:total] = local + rank * spec.num_local_experts
+    y = expert_fn(result.tokens, global_expert, spec.out_dtype)
+    out = comm.combine(y, h, weights=result.weights if case.weighted else None)
+    want_out = oracle_combine(spec, groups, group, case.weighted)
+    _expect(bitwise_equal(out, want_out), "combine output", case, rank)

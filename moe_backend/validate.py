@@ -1,0 +1,137 @@
+"""Input checks run before any communication; each error names the argument and what was expected."""
+
+from __future__ import annotations
+
+import torch
+
+from .result import Handle
+from .spec import FP8, CommSpec
+
+
+def _is_capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_tensor(
+    name: str,
+    value: object,
+    *,
+    dtypes: tuple[torch.dtype, ...],
+    shape: tuple[int | None, ...],
+    device: torch.device,
+) -> torch.Tensor:
+    """Check type, dtype, rank, sizes (None = any) and device of one tensor argument."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype not in dtypes:
+        names = " or ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype {names}, got {value.dtype}")
+    if value.dim() != len(shape) or any(s is not None and s != v for s, v in zip(shape, value.shape)):
+        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} must be on {device}, got {value.device}")
+    return value
+
+
+def normalize_num_tokens(num_tokens: object, rows: int, device: torch.device) -> int | torch.Tensor:
+    """`None` -> rows; an int in [0, rows]; or a one-element int tensor on the device."""
+    if num_tokens is None:
+        return rows
+    if isinstance(num_tokens, torch.Tensor):
+        check_tensor("num_tokens", num_tokens.reshape(-1), dtypes=(torch.int32, torch.int64), shape=(1,), device=device)
+        return num_tokens.reshape(1).to(torch.int32)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
+        raise TypeError(f"num_tokens must be None, an int or a 1-element tensor, got {type(num_tokens).__name__}")
+    if not 0 <= num_tokens <= rows:
+        raise ValueError(f"num_tokens must be in [0, {rows}] (the rows of x), got {num_tokens}")
+    return num_tokens
+
+
+def check_dispatch(
+    spec: CommSpec,
+    device: torch.device,
+    x: object,
+    topk_ids: object,
+    topk_weights: object,
+    x_scale: object,
+    num_tokens: object,
+    check_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, int | torch.Tensor]:
+    """Validate dispatch's arguments; return them normalised for a backend."""
+    x = check_tensor("x", x, dtypes=(spec.in_dtype,), shape=(None, spec.hidden), device=device)
+    rows = x.shape[0]
+    if rows > spec.max_num_tokens:
+        raise ValueError(f"x has {rows} tokens, more than max_num_tokens={spec.max_num_tokens}")
+    ids = check_tensor("topk_ids", topk_ids, dtypes=(torch.int32, torch.int64), shape=(rows, spec.topk), device=device)
+    if topk_weights is not None:
+        topk_weights = check_tensor(
+            "topk_weights", topk_weights, dtypes=(torch.float32,), shape=(rows, spec.topk), device=device
+        ).contiguous()
+    if spec.in_dtype == FP8:
+        if x_scale is None:
+            raise ValueError(f"x_scale is required for fp8 input: float32 [{rows}, {spec.num_scales}]")
+        x_scale = check_tensor(
+            "x_scale", x_scale, dtypes=(torch.float32,), shape=(rows, spec.num_scales), device=device
+        ).contiguous()
+    elif x_scale is not None:
+        raise ValueError(f"x_scale must be None for in_dtype {spec.in_dtype} (scales go with fp8 only)")
+    n = normalize_num_tokens(num_tokens, rows, device)
+    if check_values and not _is_capturing(device):
+        _check_ids(spec, ids, n, rows)
+    return x.contiguous(), ids.to(torch.int32).contiguous(), topk_weights, x_scale, n
+
+
+def _check_ids(spec: CommSpec, ids: torch.Tensor, n: int | torch.Tensor, rows: int) -> None:
+    """Value checks (one host sync on GPU): range, distinctness, num_tokens bound."""
+    if isinstance(n, torch.Tensor):
+        n = int(n.item())
+        if not 0 <= n <= rows:
+            raise ValueError(f"num_tokens must be in [0, {rows}] (the rows of x), got {n}")
+    live = ids[:n].long()
+    bad = (live < -1) | (live >= spec.num_experts)
+    if bool(bad.any()):
+        t, k = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"topk_ids[{t}, {k}] = {int(live[t, k])} is out of range: expected -1 (dropped) "
+            f"or an expert id in [0, {spec.num_experts})"
+        )
+    srt = live.sort(dim=1).values
+    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if bool(dup.any()):
+        t = int(dup.nonzero()[0, 0])
+        raise ValueError(f"topk_ids row {t} repeats an expert: {live[t].tolist()}; ids in a row must be distinct")
+
+
+def check_combine(
+    spec: CommSpec,
+    device: torch.device,
+    comm_id: int,
+    current_round: int,
+    expert_y: object,
+    handle: object,
+    weights: object,
+    out: object,
+) -> tuple[torch.Tensor, Handle, torch.Tensor | None, torch.Tensor | None]:
+    if not isinstance(handle, Handle):
+        raise TypeError(f"handle must be the Handle returned by dispatch, got {type(handle).__name__}")
+    if handle.comm_id != comm_id:
+        raise ValueError("handle comes from another communicator; pass the handle of this communicator's dispatch")
+    if handle.round != current_round:
+        raise ValueError(
+            f"handle is from round {handle.round} but the latest dispatch is round {current_round}; "
+            "combine must use the handle of the latest dispatch"
+        )
+    rows = handle.src_group.shape[0]
+    expert_y = check_tensor("expert_y", expert_y, dtypes=(spec.out_dtype,), shape=(None, spec.hidden), device=device)
+    if expert_y.shape[0] < rows:
+        raise ValueError(f"expert_y must have at least {rows} rows (the dispatch result's), got {expert_y.shape[0]}")
+    if weights is not None:
+        weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(None,), device=device)
+        if weights.shape[0] < rows:
+            raise ValueError(f"weights must have at least {rows} entries (one per dispatched row), got {weights.shape[0]}")
+    if out is not None:
+        out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=(handle.num_input_rows, spec.hidden), device=device)
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    return expert_y.contiguous(), handle, None if weights is None else weights.contiguous(), out
