@@ -1,0 +1,195 @@
+"""Bodies of the contract tests, run on every rank of a pool; backend-independent.
+
+The CPU suite runs them on `reference` over gloo; the GPU suite on `nvshmem` over NCCL.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from moe_backend import FP8, CommSpec, Communicator, RoundError
+from moe_backend.testing import ROUTINGS, Case, run_case
+
+DTYPE_COMBOS: list[dict[str, Any]] = [
+    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
+    dict(in_dtype=torch.float16, out_dtype=torch.float16),
+    dict(in_dtype=torch.float32, out_dtype=torch.float32),
+    dict(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16),
+    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16, combine_in_float32=True),
+    dict(in_dtype=torch.float32, out_dtype=torch.bfloat16),
+]
+
+
+def world() -> int:
+    return torch.distributed.get_world_size()
+
+
+def make_spec(**kw: Any) -> CommSpec:
+    base = dict(num_experts=4 * world(), topk=3, hidden=32, max_num_tokens=12, world_size=world())
+    base.update(kw)
+    return CommSpec(**base)
+
+
+def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None = None) -> int:
+    """Every routing x dtype combo x weighting x num_tokens mode; returns the case count."""
+    done = 0
+    for d, dtypes in enumerate(DTYPE_COMBOS):
+        spec = make_spec(tp_size=tp_size, **dtypes)
+        comm = Communicator(spec, backend=backend, **(options or {}))
+        for r, routing in enumerate(ROUTINGS):
+            for m, mode in enumerate(("none", "int", "tensor")):
+                weighted = (r + m + d) % 2 == 0
+                run_case(comm, Case(spec, routing, seed + 1000 * d + 10 * r + m, weighted, mode))
+                done += 1
+        comm.close()
+    return done
+
+
+def run_cases(backend: str, cases: list[Case], options: dict | None = None) -> int:
+    for case in cases:
+        comm = Communicator(case.spec, backend=backend, **(options or {}))
+        run_case(comm, case)
+        comm.close()
+    return len(cases)
+
+
+def _inputs(spec: CommSpec, seed: int = 3):
+    """Valid inputs for every row (same on all ranks of a group)."""
+    gen = torch.Generator().manual_seed(seed + torch.distributed.get_rank() // spec.tp_size)
+    rows = spec.max_num_tokens - 2
+    x = torch.randn(rows, spec.hidden, generator=gen).to(spec.in_dtype)
+    ids = torch.rand(rows, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk]
+    w = torch.rand(rows, spec.topk, generator=gen)
+    s = torch.rand(rows, spec.num_scales, generator=gen) if spec.in_dtype == FP8 else None
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl" else "cpu"
+    return [None if t is None else t.to(device) for t in (x, ids, w, s)], device
+
+
+def _raises(exc: type[BaseException], pattern: str, fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except exc as err:
+        if not re.search(pattern, str(err)):
+            raise AssertionError(f"{exc.__name__} raised but message {str(err)!r} lacks {pattern!r}") from err
+        return
+    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
+
+
+def bad_inputs(backend: str) -> int:
+    """Each bad input raises a clear error before communicating; the communicator stays usable."""
+    spec = make_spec(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16)
+    comm = Communicator(spec, backend=backend)
+    (x, ids, w, s), device = _inputs(spec)
+    T = x.shape[0]
+    E = spec.num_experts
+    checks = 0
+
+    def check(exc, pattern, **override):
+        nonlocal checks
+        args = dict(x=x, topk_ids=ids, topk_weights=w, x_scale=s)
+        args.update(override)
+        _raises(exc, pattern, lambda: comm.dispatch(**args))
+        checks += 1
+
+    check(TypeError, r"x must have dtype .*float8", x=x.float())
+    check(ValueError, r"x must have shape \[\*, 32\]", x=torch.zeros(T, 16, dtype=FP8, device=device))
+    check(ValueError, r"more than max_num_tokens=12", x=torch.zeros(13, 32, dtype=FP8, device=device))
+    check(TypeError, r"x must be a torch.Tensor", x=[1, 2])
+    check(TypeError, r"topk_ids must have dtype", topk_ids=ids.float())
+    check(ValueError, rf"topk_ids must have shape \[{T}, 3\]", topk_ids=ids[:, :2])
+    bad = ids.clone()
+    bad[0, 1] = E
+    check(ValueError, rf"topk_ids\[0, 1\] = {E} is out of range.*\[0, {E}\)", topk_ids=bad)
+    bad = ids.clone()
+    bad[0, 2] = -5
+    check(ValueError, r"topk_ids\[0, 2\] = -5 is out of range", topk_ids=bad)
+    bad = ids.clone()
+    bad[0, 1] = bad[0, 0]
+    check(ValueError, r"topk_ids row 0 repeats an expert", topk_ids=bad)
+    check(ValueError, r"x_scale is required for fp8", x_scale=None)
+    check(ValueError, r"x_scale must have shape", x_scale=s[:, :1])
+    check(TypeError, r"topk_weights must have dtype .*float32", topk_weights=w.double())
+    check(ValueError, rf"num_tokens must be in \[0, {T}\]", num_tokens=T + 1)
+    check(ValueError, rf"num_tokens must be in \[0, {T}\]", num_tokens=torch.tensor([T + 1], device=device))
+    if device != "cpu":
+        check(ValueError, r"x must be on", x=x.cpu())
+
+    # Still usable: a valid round goes through after all the rejected calls.
+    result = comm.dispatch(x, ids, w, s)
+    y = torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=device)
+    _raises(TypeError, r"expert_y must have dtype", lambda: comm.combine(y.float(), result.handle))
+    _raises(ValueError, r"expert_y must have at least", lambda: comm.combine(y[:0], result.handle))
+    _raises(ValueError, r"out must have shape", lambda: comm.combine(y, result.handle, out=y[:1]))
+    _raises(TypeError, r"handle must be the Handle", lambda: comm.combine(y, "handle"))
+    other = Communicator(spec, backend=backend)
+    _raises(ValueError, r"another communicator", lambda: other.combine(y, result.handle))
+    comm.combine(y, result.handle)
+    _raises(ValueError, r"handle is from round 1 but the latest dispatch is round 2",
+            lambda: (comm.dispatch(x, ids, w, s), comm.combine(y, result.handle)))
+    _raises(RoundError, r"cannot dispatch while .* 'dispatched'", lambda: comm.dispatch(x, ids, w, s))
+    comm.close()
+    other.close()
+    return checks + 8
+
+
+def split_phases(backend: str) -> None:
+    """Send and receive as separate calls, with other work between; receivers are one-shot."""
+    spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    comm = Communicator(spec, backend=backend)
+    (x, ids, w, _), device = _inputs(spec, seed=11)
+    whole = comm.dispatch(x, ids, w)
+    ref_out = comm.combine(whole.tokens, whole.handle, weights=whole.weights)
+
+    receiver = comm.dispatch_send(x, ids, w)
+    busy = torch.randn(64, 64, device=device) @ torch.randn(64, 64, device=device)  # overlapped work
+    split = receiver.recv()
+    _raises(RoundError, r"already used", receiver.recv)
+    assert torch.equal(split.tokens, whole.tokens) and torch.equal(split.weights, whole.weights)
+    pending = comm.combine_send(split.tokens, split.handle, weights=split.weights)
+    busy = busy @ busy
+    out = pending.recv()
+    assert torch.equal(out.view(torch.int16), ref_out.view(torch.int16)), "split combine differs"
+    _raises(RoundError, r"cannot combine while .* 'idle'", lambda: comm.combine(split.tokens, split.handle))
+    comm.close()
+
+
+def broken_backend_case() -> None:
+    """Run one case on a reference backend whose receiver reverses each expert's rows."""
+    from moe_backend.backends.reference import ReferenceBackend
+
+    spec = make_spec(topk=2)
+    comm = Communicator(spec, backend="reference")
+    original = ReferenceBackend.dispatch_recv
+
+    def reversed_recv(self, pending):
+        got = original(self, pending)
+        got.tokens = got.tokens.flip(0)
+        return got
+
+    comm.backend.dispatch_recv = reversed_recv.__get__(comm.backend)
+    run_case(comm, Case(spec, "uniform", seed=5, num_tokens_mode="none"))
+
+
+def padded_view(backend: str) -> None:
+    """`padded()` places expert e's i-th row at [e, i] and zeros elsewhere, for every dtype."""
+    for dtypes in (DTYPE_COMBOS[0], DTYPE_COMBOS[3]):
+        spec = make_spec(**dtypes)
+        comm = Communicator(spec, backend=backend)
+        (x, ids, w, s), _ = _inputs(spec, seed=21)
+        result = comm.dispatch(x, ids, w, s)
+        batches = result.padded()
+        assert batches.shape == (spec.num_local_experts, spec.expert_capacity, spec.hidden)
+        flat = result.valid().tokens.view(torch.uint8).cpu()
+        got = batches.view(torch.uint8).cpu()
+        counts = result.tokens_per_expert.tolist()
+        start = 0
+        for e, c in enumerate(counts):
+            assert torch.equal(got[e, :c], flat[start : start + c]), f"expert {e} rows"
+            assert not got[e, c:].any(), f"expert {e} padding is not zero"
+            start += c
+        comm.combine(torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device), result.handle)
+        comm.close()
