@@ -9,6 +9,7 @@ plain loops, independently of any backend. Used by pytest (CPU and GPU) and by
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -17,7 +18,6 @@ from .spec import FP8, CommSpec
 
 ROUTINGS = ("uniform", "skewed", "dropped", "empty")
 NUM_TOKENS_MODES = ("none", "int", "tensor")
-
 
 @dataclasses.dataclass
 class GroupInputs:
@@ -208,3 +208,36 @@ def run_case(comm: Communicator, case: Case) -> None:
     out = comm.combine(y, h, weights=result.weights if case.weighted else None)
     want_out = oracle_combine(spec, groups, group, case.weighted)
     _expect(bitwise_equal(out, want_out), "combine output", case, rank)
+
+
+DTYPE_COMBOS: list[dict[str, Any]] = [
+    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
+    dict(in_dtype=torch.float16, out_dtype=torch.float16),
+    dict(in_dtype=torch.float32, out_dtype=torch.float32),
+    dict(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16),
+    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16, combine_in_float32=True),
+    dict(in_dtype=torch.float32, out_dtype=torch.bfloat16),
+]
+
+
+def make_spec(**kw: Any) -> CommSpec:
+    """A small spec for the contract matrix: 4 experts per rank, top-3, hidden 32."""
+    world = torch.distributed.get_world_size()
+    base = dict(num_experts=4 * world, topk=3, hidden=32, max_num_tokens=12, world_size=world)
+    base.update(kw)
+    return CommSpec(**base)
+
+
+def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None = None) -> int:
+    """Every routing x dtype combo x weighting x num_tokens mode; returns the case count."""
+    done = 0
+    for d, dtypes in enumerate(DTYPE_COMBOS):
+        spec = make_spec(tp_size=tp_size, **dtypes)
+        comm = Communicator(spec, backend=backend, **(options or {}))
+        for r, routing in enumerate(ROUTINGS):
+            for m, mode in enumerate(("none", "int", "tensor")):
+                weighted = (r + m + d) % 2 == 0
+                run_case(comm, Case(spec, routing, seed + 1000 * d + 10 * r + m, weighted, mode))
+                done += 1
+        comm.close()
+    return done

@@ -12,42 +12,7 @@ from typing import Any
 import torch
 
 from moe_backend import FP8, CommSpec, Communicator, RoundError
-from moe_backend.testing import ROUTINGS, Case, run_case
-
-DTYPE_COMBOS: list[dict[str, Any]] = [
-    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
-    dict(in_dtype=torch.float16, out_dtype=torch.float16),
-    dict(in_dtype=torch.float32, out_dtype=torch.float32),
-    dict(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16),
-    dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16, combine_in_float32=True),
-    dict(in_dtype=torch.float32, out_dtype=torch.bfloat16),
-]
-
-
-def world() -> int:
-    return torch.distributed.get_world_size()
-
-
-def make_spec(**kw: Any) -> CommSpec:
-    base = dict(num_experts=4 * world(), topk=3, hidden=32, max_num_tokens=12, world_size=world())
-    base.update(kw)
-    return CommSpec(**base)
-
-
-def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None = None) -> int:
-    """Every routing x dtype combo x weighting x num_tokens mode; returns the case count."""
-    done = 0
-    for d, dtypes in enumerate(DTYPE_COMBOS):
-        spec = make_spec(tp_size=tp_size, **dtypes)
-        comm = Communicator(spec, backend=backend, **(options or {}))
-        for r, routing in enumerate(ROUTINGS):
-            for m, mode in enumerate(("none", "int", "tensor")):
-                weighted = (r + m + d) % 2 == 0
-                run_case(comm, Case(spec, routing, seed + 1000 * d + 10 * r + m, weighted, mode))
-                done += 1
-        comm.close()
-    return done
-
+from moe_backend.testing import DTYPE_COMBOS, Case, contract_matrix, make_spec, run_case  # noqa: F401
 
 def run_cases(backend: str, cases: list[Case], options: dict | None = None) -> int:
     for case in cases:
