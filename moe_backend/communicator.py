@@ -58,7 +58,9 @@ class Communicator:
 
     def _expect_phase(self, allowed: str, action: str) -> None:
         if self._phase != allowed:
-            raise RoundError(f"cannot {action} while the communicator is in phase '{self._phase}' (expected '{allowed}')")
+            raise RoundError(
+                f"cannot {action} while the communicator is in phase '{self._phase}' (expected '{allowed}')"
+            )
 
     # -- dispatch ---------------------------------------------------------------------
     def dispatch_send(
@@ -68,7 +70,7 @@ class Communicator:
         topk_weights: torch.Tensor | None = None,
         x_scale: torch.Tensor | None = None,
         num_tokens: int | torch.Tensor | None = None,
-    ) -> "DispatchReceiver":
+    ) -> DispatchReceiver:
         """Start the dispatch; returns the receiver whose `recv()` completes it."""
         self._expect_phase("idle", "dispatch")
         x, ids, weights, scale, n = validate.check_dispatch(
@@ -89,7 +91,7 @@ class Communicator:
         handle: Handle,
         weights: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
-    ) -> "CombineReceiver":
+    ) -> CombineReceiver:
         """Start the combine; returns the receiver whose `recv()` returns the output."""
         y, handle, weights, out = validate.check_combine(
             self.spec, self.device, self.id, self._round, expert_y, handle, weights, out

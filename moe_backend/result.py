@@ -45,7 +45,7 @@ class DispatchResult:
     expert_offsets: torch.Tensor
     handle: Handle
 
-    def valid(self) -> "DispatchResult":
+    def valid(self) -> DispatchResult:
         """The same result trimmed to the rows that hold data (one host sync)."""
         n = self.handle.num_valid_rows()
         return dataclasses.replace(

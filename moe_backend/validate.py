@@ -129,9 +129,10 @@ def check_combine(
     if weights is not None:
         weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(None,), device=device)
         if weights.shape[0] < rows:
-            raise ValueError(f"weights must have at least {rows} entries (one per dispatched row), got {weights.shape[0]}")
+            raise ValueError(f"weights must have at least {rows} entries (one per row), got {weights.shape[0]}")
     if out is not None:
-        out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=(handle.num_input_rows, spec.hidden), device=device)
+        shape = (handle.num_input_rows, spec.hidden)
+        out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=shape, device=device)
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
     return expert_y.contiguous(), handle, None if weights is None else weights.contiguous(), out

@@ -14,6 +14,7 @@ import torch
 from moe_backend import FP8, CommSpec, Communicator, RoundError
 from moe_backend.testing import DTYPE_COMBOS, Case, contract_matrix, make_spec, run_case  # noqa: F401
 
+
 def run_cases(backend: str, cases: list[Case], options: dict | None = None) -> int:
     for case in cases:
         comm = Communicator(case.spec, backend=backend, **(options or {}))
@@ -156,5 +157,6 @@ def padded_view(backend: str) -> None:
             assert torch.equal(got[e, :c], flat[start : start + c]), f"expert {e} rows"
             assert not got[e, c:].any(), f"expert {e} padding is not zero"
             start += c
-        comm.combine(torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device), result.handle)
+        y = torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device)
+        comm.combine(y, result.handle)
         comm.close()

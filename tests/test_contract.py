@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import random
 
+import contract_tasks as tasks
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pool import RankPool
 
-import contract_tasks as tasks
 from moe_backend import FP8, CommSpec
 from moe_backend.testing import ROUTINGS, Case
-from pool import RankPool
 
 SEED = random.SystemRandom().randrange(1 << 30)  # fresh inputs every run; printed on failure
 

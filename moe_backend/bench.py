@@ -1,0 +1,280 @@
+"""Dispatch/combine benchmark: per phase and whole ops, against baselines from the same run.
+
+Method (the same on every backend): random routing with distinct experts per token; before
+each op a barrier (on GPU: a short device sleep, then a one-element all-reduce, so every
+rank starts together without a host round trip); CUDA events (host clock on CPU) around
+each phase; per rank the median/p10/p90 over the iterations, then the max over ranks.
+Baselines measured in the same run: NCCL/gloo dense `all_to_all_single` of the same
+`[tokens * topk, hidden]` payload, and on GPU the raw GPU-to-GPU copy rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .backends import nvshmem_available
+from .communicator import Communicator
+from .config import BenchPreset
+from .spec import FP8, CommSpec
+
+PHASES = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine")
+
+
+class Clock:
+    """Marks on the device timeline (CUDA events) or the host clock (CPU)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def elapsed_us(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) * 1e3 if self.cuda else (b - a) * 1e6
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def barrier(device: torch.device, flag: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda._sleep(20_000)  # ~10 us of device time, so the all-reduce is not the only skew
+        dist.all_reduce(flag)
+    else:
+        dist.barrier()
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    t = torch.tensor(samples, dtype=torch.float64)
+    q = torch.quantile(t, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    return {"p10": q[0], "median": q[1], "p90": q[2]}
+
+
+def max_over_ranks(per_rank: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Each phase's statistics, taken as the slowest rank's (all ranks must finish)."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per_rank)
+    return {
+        phase: {k: max(r[phase][k] for r in gathered) for k in ("p10", "median", "p90")} for phase in per_rank
+    }
+
+
+def make_routing(spec: CommSpec, n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Inputs of this rank's group: uniform random routing with distinct experts per token."""
+    group = dist.get_rank() // spec.tp_size
+    gen = torch.Generator().manual_seed(seed * 1000 + group)
+    ids = torch.rand(n, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk].to(torch.int32)
+    x = torch.randn(n, spec.hidden, generator=gen)
+    scale = torch.rand(n, spec.num_scales, generator=gen) + 0.5 if spec.in_dtype == FP8 else None
+    weights = torch.rand(n, spec.topk, generator=gen)
+    x = x.to(spec.in_dtype)
+    return tuple(None if t is None else t.to(device) for t in (x, ids, weights, scale))
+
+
+def bytes_across(spec: CommSpec, ids: torch.Tensor) -> dict[str, int]:
+    """Bytes this rank's tokens must move between ranks: one copy per (token, remote rank)."""
+    rank = dist.get_rank()
+    dest = ids.long() // spec.num_local_experts
+    remote = torch.zeros(ids.shape[0], spec.world_size, dtype=torch.bool, device=ids.device)
+    remote.scatter_(1, dest, True)
+    remote[:, rank] = False
+    pairs = int(remote[torch.arange(ids.shape[0], device=ids.device) % spec.tp_size == rank % spec.tp_size].sum())
+    token_bytes = spec.hidden * spec.in_dtype.itemsize + spec.num_scales * 4
+    return {
+        "dispatch": pairs * token_bytes,
+        "combine": pairs * spec.hidden * spec.transfer_dtype.itemsize * spec.tp_size,
+    }
+
+
+def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> dict[str, Any]:
+    spec, device = comm.spec, comm.device
+    x, ids, weights, scale = make_routing(spec, n, preset.bench.seed, device)
+    flag = torch.ones(1, device=device)
+    samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    y = None
+    for i in range(preset.bench.warmup + preset.bench.iters):
+        barrier(device, flag)
+        m0 = clock.mark()
+        receiver = comm.dispatch_send(x, ids, weights if preset.bench.weighted else None, scale)
+        m1 = clock.mark()
+        result = receiver.recv()
+        m2 = clock.mark()
+        if y is None:  # stand-in expert output, made once: the benchmark times communication only
+            y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
+        barrier(device, flag)
+        m3 = clock.mark()
+        pending = comm.combine_send(y, result.handle, result.weights if preset.bench.weighted else None)
+        m4 = clock.mark()
+        pending.recv()
+        m5 = clock.mark()
+        if i >= preset.bench.warmup:
+            clock.sync()
+            for phase, (a, b) in zip(PHASES, [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (m0, m2), (m3, m5)]):
+                samples[phase].append(clock.elapsed_us(a, b))
+    result_stats = max_over_ranks({p: stats(s) for p, s in samples.items()})
+    moved = bytes_across(spec, ids)
+    total = {k: 0 for k in moved}
+    for rank_bytes in _gather(moved):
+        for k, v in rank_bytes.items():
+            total[k] = max(total[k], v)
+    return {"phases": result_stats, "bytes_across_max_rank": total}
+
+
+def _gather(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.device, clock: Clock) -> dict[str, float]:
+    """The standard baseline: one dense all_to_all_single of [n*topk, hidden] bf16 per rank."""
+    rows = n * spec.topk
+    rows -= rows % spec.world_size
+    data = torch.randn(max(rows, spec.world_size), spec.hidden, device=device).to(torch.bfloat16)
+    out = torch.empty_like(data)
+    flag = torch.ones(1, device=device)
+    samples = []
+    for i in range(iters + 5):
+        barrier(device, flag)
+        a = clock.mark()
+        dist.all_to_all_single(out, data)
+        b = clock.mark()
+        if i >= 5:
+            clock.sync()
+            samples.append(clock.elapsed_us(a, b))
+    return max_over_ranks({"all_to_all": stats(samples)})["all_to_all"]
+
+
+def copy_rate_gbps(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
+    """Raw one-way GPU0 -> GPU1 copy rate (GB/s), measured on rank 0; None without 2 GPUs."""
+    if dist.get_rank() != 0 or torch.cuda.device_count() < 2:
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize("cuda:0")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return nbytes / times[len(times) // 2] / 1e9
+
+
+def backends_to_run(requested: str, device: torch.device) -> list[str]:
+    if requested == "all":
+        names = ["reference"]
+        if device.type == "cuda" and nvshmem_available()[0]:
+            names.append("nvshmem")
+        return names
+    return [requested]
+
+
+def run(preset: BenchPreset, backend: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Benchmark one preset on every requested backend; call on every rank."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    clock = Clock(device)
+    spec = preset.comm.to_spec(dist.get_world_size())
+    rows: list[dict[str, Any]] = []
+    copy_rate = None
+    if device.type == "cuda":
+        copy_rate = _gather(copy_rate_gbps())[0]
+    for name in backends_to_run(backend, device):
+        comm = Communicator(spec, backend=name, device=device)
+        for n in preset.bench.num_tokens:
+            progress(f"{preset.name}: {comm.backend_name} backend, {n} tokens/rank, {preset.bench.iters} iters")
+            rows.append({"backend": comm.backend_name, "num_tokens": n, **time_comm(comm, n, preset, clock)})
+        comm.close()
+    for n in preset.bench.num_tokens:
+        progress(f"{preset.name}: dense all_to_all baseline, {n} tokens/rank")
+        rows.append({"backend": f"dense_all_to_all_{dist.get_backend()}", "num_tokens": n,
+                     "phases": {"dispatch": time_dense_all_to_all(spec, n, preset.bench.iters, device, clock)}})
+    return {
+        "preset": preset.name,
+        "spec": spec.describe(),
+        "config": dataclasses.asdict(preset),
+        "copy_rate_gbps": copy_rate,
+        "rows": rows,
+    }
+
+
+def add_ratios(report: dict[str, Any]) -> None:
+    """Speed-ups over the reference backend and fractions of the copy rate, per row."""
+    by_key = {(r["backend"], r["num_tokens"]): r for r in report["rows"]}
+    for row in report["rows"]:
+        ref = by_key.get(("reference", row["num_tokens"]))
+        phases = row["phases"]
+        if ref and row is not ref and "combine" in phases:
+            both = phases["dispatch"]["median"] + phases["combine"]["median"]
+            ref_both = ref["phases"]["dispatch"]["median"] + ref["phases"]["combine"]["median"]
+            row["speedup_vs_reference"] = ref_both / both
+        rate = report.get("copy_rate_gbps")
+        if rate and "bytes_across_max_rank" in row:
+            row["fraction_of_copy_rate"] = {
+                op: row["bytes_across_max_rank"][op] / (phases[op]["median"] * 1e-6) / 1e9 / rate
+                for op in ("dispatch", "combine")
+                if phases[op]["median"] > 0
+            }
+
+
+def machine_info() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = [torch.cuda.get_device_name(i) for i in range(count)]
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "world_size": dist.get_world_size(),
+        "dist_backend": dist.get_backend(),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    lines = [f"== {report['preset']}: {report['spec']}"
+             + (f"; GPU-to-GPU copy {report['copy_rate_gbps']:.0f} GB/s" if report.get("copy_rate_gbps") else "")]
+    head = f"{'backend':<26}{'tokens':>7}" + "".join(f"{p:>15}" for p in PHASES) + f"{'vs ref':>8}{'%copy d/c':>12}"
+    lines += [head, "-" * len(head)]
+    for row in report["rows"]:
+        ph = row["phases"]
+        cells = "".join(f"{ph[p]['median']:>15.1f}" if p in ph else f"{'-':>15}" for p in PHASES)
+        speed = f"{row['speedup_vs_reference']:>7.2f}x" if "speedup_vs_reference" in row else f"{'':>8}"
+        frac = row.get("fraction_of_copy_rate")
+        fr = f"{100 * frac['dispatch']:>5.0f}/{100 * frac['combine']:<5.0f}" if frac and len(frac) == 2 else f"{'':>11}"
+        lines.append(f"{row['backend']:<26}{row['num_tokens']:>7}{cells}{speed} {fr}")
+    lines.append("(median us per phase, slowest rank; 'dispatch'/'combine' = send + recv)")
+    return "\n".join(lines)
+
+
+def write_json(path: str | Path, reports: list[dict[str, Any]]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine_info(), "results": reports}, indent=2) + "\n")

@@ -1,0 +1,200 @@
+"""`moe-backend`: info, bench and selftest.
+
+`bench` and `selftest` start their own local processes (gloo on CPU, NCCL when there is a
+GPU per rank) unless already running under torchrun, in which case they use its ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import bench as benchmod
+from .backends import nvshmem_available
+from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench
+from .launch import init_process_group, spawn, under_torchrun
+
+
+def say(msg: str) -> None:
+    """Progress line from rank 0 only (every rank when not distributed)."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"[moe-backend {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def resolve_preset(name: str) -> Path:
+    """A path to a YAML file, or the name of a file in configs/bench (with or without .yaml)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    candidate = bench_presets_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if candidate.exists():
+        return candidate
+    known = sorted(p.stem for p in bench_presets_dir().glob("*.yaml"))
+    raise ConfigError(f"no config file or preset named {name!r}; presets: {known}")
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _dist_backend(world: int) -> str:
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+
+
+# -- info -----------------------------------------------------------------------------------
+def cmd_info(args: argparse.Namespace) -> int:
+    from . import __version__
+
+    print(f"moe_backend {__version__}; python {sys.version.split()[0]}; torch {torch.__version__}")
+    for pkg in ("megatron-core", "nvidia-nvshmem-cu13", "nvshmem4py-cu13"):
+        print(f"  {pkg}: {_version(pkg)}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(f"CUDA devices: {n}")
+    for i in range(n):
+        print(f"  [{i}] {torch.cuda.get_device_name(i)}")
+    if n > 1:
+        print("P2P access matrix (row can access column):")
+        for i in range(n):
+            peer = torch.cuda.can_device_access_peer
+            row = " ".join("x" if i == j else str(int(peer(i, j))) for j in range(n))
+            print(f"  [{i}] {row}")
+    ok, why = nvshmem_available()
+    print(f"nvshmem backend: {'available' if ok else 'unavailable (' + why + ')'}")
+    print(f"backend 'auto' picks: {'nvshmem' if ok else 'reference'}")
+    preset = load_bench(resolve_preset(args.config))
+    world = args.world_size or preset.bench.world_size
+    spec = preset.comm.to_spec(world)
+    print(f"config {preset.name} at world size {world}: {spec.describe()}")
+    print(f"  local experts {spec.num_local_experts}, groups {spec.num_groups}, "
+          f"max rows received per rank {spec.max_recv_tokens}")
+    sizes = _buffer_sizes(spec)
+    if sizes:
+        print("  nvshmem symmetric buffers per rank (bytes):")
+        for name, size in sizes.items():
+            print(f"    {name:<28}{size:>16,}")
+    return 0
+
+
+def _buffer_sizes(spec: Any) -> dict[str, int] | None:
+    """The nvshmem backend's documented buffer formula (importable without the extension)."""
+    try:
+        from .backends.nvshmem_buffers import buffer_bytes
+    except ImportError:
+        return None
+    return buffer_bytes(spec)
+
+
+# -- bench ----------------------------------------------------------------------------------
+def _bench_body(presets: list[BenchPreset], backend: str, out: str | None) -> None:
+    reports = []
+    for preset in presets:
+        report = benchmod.run(preset, backend, say)
+        benchmod.add_ratios(report)
+        reports.append(report)
+        say("\n" + benchmod.format_table(report))
+    if dist.get_rank() == 0 and out:
+        benchmod.write_json(out, reports)
+        say(f"wrote {out}")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    names = sorted(p.stem for p in bench_presets_dir().glob("*.yaml")) if args.all_presets else [args.config]
+    presets = []
+    for name in names:
+        preset = load_bench(resolve_preset(name))
+        if args.iters is not None:
+            preset.bench.iters = args.iters
+        if args.warmup is not None:
+            preset.bench.warmup = args.warmup
+        if args.num_tokens:
+            preset.bench.num_tokens = args.num_tokens
+        if args.world_size:
+            preset.bench.world_size = args.world_size
+        preset.validate()
+        presets.append(preset)
+    return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out)
+
+
+# -- selftest -------------------------------------------------------------------------------
+def _selftest_body(backend: str, seed: int, tp_sizes: list[int]) -> None:
+    from .testing import contract_matrix
+
+    for tp in tp_sizes:
+        if dist.get_world_size() % tp:
+            continue
+        count = contract_matrix(backend, tp, seed)
+        say(f"selftest: backend {backend}, tp_size {tp}: {count} contract cases passed bit for bit")
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    say(f"selftest seed {seed}")
+    return _launch(_selftest_body, args.world_size, args.backend, seed, args.tp_size)
+
+
+def _launch(fn: Any, world: int, *args: Any) -> int:
+    if under_torchrun():
+        init_process_group(_dist_backend(int(os.environ["WORLD_SIZE"])))
+        try:
+            fn(*args)
+        finally:
+            dist.destroy_process_group()
+        return 0
+    backend = _dist_backend(world)
+    say(f"starting {world} local processes ({backend})")
+    spawn(fn, world, *args, dist_backend=backend, timeout=3600)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moe-backend", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="versions, devices, P2P matrix, NVSHMEM, buffer sizes for a config")
+    info.add_argument("--config", default="deepseek_decode", help="bench preset name or YAML path")
+    info.add_argument("--world-size", type=int, help="group size for the sizes (default: the preset's)")
+    info.set_defaults(fn=cmd_info)
+
+    b = sub.add_parser("bench", help="time dispatch/combine and their halves for a preset")
+    b.add_argument("--config", default="deepseek_decode", help="preset name in configs/bench or a YAML path")
+    b.add_argument("--all-presets", action="store_true", help="run every preset in configs/bench")
+    b.add_argument("--backend", default="auto", choices=["auto", "reference", "nvshmem", "all"])
+    b.add_argument("--world-size", type=int, help="local processes to start (ignored under torchrun)")
+    b.add_argument("--iters", type=int, help="override the preset's measured iterations")
+    b.add_argument("--warmup", type=int, help="override the preset's warm-up iterations")
+    b.add_argument("--num-tokens", type=int, nargs="+", help="override the preset's tokens per rank")
+    b.add_argument("--out", help="write the results as JSON here")
+    b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("selftest", help="run the contract checks across processes")
+    s.add_argument("--backend", default="auto", choices=["auto", "reference", "nvshmem"])
+    s.add_argument("--world-size", type=int, default=2)
+    s.add_argument("--tp-size", type=int, nargs="+", default=[1, 2])
+    s.add_argument("--seed", type=int, help="input seed (default: fresh)")
+    s.set_defaults(fn=cmd_selftest)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as err:
+        print(f"moe-backend: config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

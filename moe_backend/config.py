@@ -1,0 +1,154 @@
+"""Typed settings loaded from YAML, in one place.
+
+Each YAML file maps onto a dataclass tree; unknown keys, wrong types and bad values are
+errors that name the file and the key (`configs/bench/x.yaml: comm.topk: ...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .spec import CommSpec, parse_dtype
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class CommConfig:
+    """The communicator's shape; `world_size` comes from the launch, not the file."""
+
+    num_experts: int
+    topk: int
+    hidden: int
+    max_num_tokens: int
+    in_dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    scale_block_size: int | None = None
+    tp_size: int = 1
+    combine_in_float32: bool = False
+
+    def to_spec(self, world_size: int) -> CommSpec:
+        return CommSpec(
+            num_experts=self.num_experts,
+            topk=self.topk,
+            hidden=self.hidden,
+            max_num_tokens=self.max_num_tokens,
+            world_size=world_size,
+            tp_size=self.tp_size,
+            in_dtype=parse_dtype(self.in_dtype),
+            out_dtype=parse_dtype(self.out_dtype),
+            scale_block_size=self.scale_block_size,
+            combine_in_float32=self.combine_in_float32,
+        )
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    num_tokens: list[int]
+    world_size: int = 2
+    warmup: int = 20
+    iters: int = 200
+    backend: str = "auto"
+    weighted: bool = False
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class BenchPreset:
+    name: str
+    comm: CommConfig
+    bench: BenchConfig
+
+    def validate(self) -> None:
+        too_many = [n for n in self.bench.num_tokens if not 1 <= n <= self.comm.max_num_tokens]
+        if too_many:
+            limit = self.comm.max_num_tokens
+            raise ConfigError(f"bench.num_tokens: {too_many} not in [1, comm.max_num_tokens={limit}]")
+        if self.bench.iters < 1 or self.bench.warmup < 0:
+            raise ConfigError("bench.iters must be >= 1 and bench.warmup >= 0")
+        for name in (self.comm.in_dtype, self.comm.out_dtype):
+            try:
+                parse_dtype(name)
+            except ValueError as err:
+                raise ConfigError(f"comm: {err}") from None
+        try:
+            self.comm.to_spec(self.bench.world_size)
+        except ValueError as err:
+            raise ConfigError(f"comm (with world_size={self.bench.world_size}): {err}") from None
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, where)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]  # a single number where a list is allowed
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Build dataclass `cls` from a mapping, strictly."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'top level'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where + '.' if where else ''}{unknown[0]}: unknown key (expected one of {sorted(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{where}.{name}" if where else name
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key}: required key is missing")
+    return cls(**kwargs)
+
+
+def load(path: str | Path, cls: type[T]) -> T:
+    """Load and validate one YAML file as `cls`; errors name the file and the key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+        obj = from_dict(cls, data)
+        validate = getattr(obj, "validate", None)
+        if validate is not None:
+            validate()
+        return obj
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: cannot read: {err}") from None
+
+
+def load_bench(path: str | Path) -> BenchPreset:
+    return load(path, BenchPreset)
+
+
+def bench_presets_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "configs" / "bench"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.12) and install moe_backend with its test, megatron and nvshmem
+# extras. Builds the native extension when nvcc is present (see csrc/build.py).
+# Idempotent: a second run only checks what is installed. Sourced by run.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.12}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first: the extension's build imports it (we build with --no-build-isolation).
+.venv/bin/python -m pip install -q "torch<=2.14.1" pyyaml numpy setuptools wheel
+if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
+  # nvcc may be a wrapper script; ask it where its toolkit lives.
+  CUDA_HOME=$(nvcc --dryrun -c /dev/null -x cu 2>&1 | sed -n 's/^#\$ TOP=\(.*\)\/bin\/\.\.$/\1/p' | head -n1)
+  export CUDA_HOME
+fi
+if ! .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}  # no GPU to probe: build for H100/H200
+fi
+.venv/bin/python -m pip install -q --no-build-isolation -e ".[test,megatron,nvshmem]"

@@ -1,0 +1,63 @@
+"""The command-line tool end to end on CPU: info, bench on every preset, selftest, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_backend.bench import PHASES
+
+
+def cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moe_backend.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_info_prints_devices_backend_and_sizes() -> None:
+    res = cli("info", "--config", "mixtral")
+    assert res.returncode == 0, res.stderr
+    assert "CUDA devices:" in res.stdout and "backend 'auto' picks:" in res.stdout
+    assert "E=8 top2 H=4096" in res.stdout
+
+
+def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    # Few iterations and smaller prefill batches: CI checks the tool, not CPU speed.
+    res = cli("bench", "--all-presets", "--backend", "reference", "--iters", "2", "--warmup", "1",
+              "--num-tokens", "1", "64", "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name in ("deepseek-decode", "deepseek-prefill", "mixtral"):
+        assert f"== {name}:" in res.stdout
+    report = json.loads(out.read_text())
+    assert {"date", "commit", "torch", "world_size"} <= set(report["machine"])
+    assert [r["preset"] for r in report["results"]] == ["deepseek-decode", "deepseek-prefill", "mixtral"]
+    for preset in report["results"]:
+        ref = [r for r in preset["rows"] if r["backend"] == "reference"]
+        assert [r["num_tokens"] for r in ref] == [1, 64]
+        for row in ref:
+            assert set(row["phases"]) == set(PHASES)
+            for s in row["phases"].values():
+                assert 0 < s["p10"] <= s["median"] <= s["p90"]
+            assert row["bytes_across_max_rank"]["dispatch"] > 0
+
+
+def test_selftest_passes_on_reference() -> None:
+    res = cli("selftest", "--backend", "reference", "--world-size", "2", "--tp-size", "1", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "tp_size 1: 72 contract cases passed" in res.stdout
+    assert "tp_size 2: 72 contract cases passed" in res.stdout
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["bench", "--config", "nope"], "no config file or preset named 'nope'"),
+    (["bench", "--config", "mixtral", "--num-tokens", "5000"], r"not in \[1, comm.max_num_tokens=4096\]"),
+])
+def test_bad_arguments_are_reported(args: list[str], pattern: str) -> None:
+    res = cli(*args)
+    assert res.returncode == 2
+    assert re.search(pattern, res.stderr), res.stderr
