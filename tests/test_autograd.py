@@ -55,7 +55,8 @@ def _dense(spec: CommSpec, groups: list[GroupInputs], experts: torch.Tensor, los
         outs.append(out.detach())
         loss = loss + (out * lw).sum()
     loss.backward()
-    return outs, [x.grad for x in xs], [w.grad for w in ws], experts.grad
+    zero_if_unused = lambda t: t.grad if t.grad is not None else torch.zeros_like(t)  # noqa: E731
+    return outs, [zero_if_unused(x) for x in xs], [zero_if_unused(w) for w in ws], zero_if_unused(experts)
 
 
 def _distributed(ex: DifferentiableCommunicator, spec: CommSpec, case: Case, style: str):
@@ -134,6 +135,7 @@ def _worker_dispatch_only_and_errors() -> None:
     # d(loss)/d(weights[row]) = coeff_exact(row): odd float32 values identified by (token, k).
     row_id = (d.handle.src_token[:total].float() * 10 + d.handle.src_k[:total].float()) * 0.0131 + coeff * 0
     loss = d.tokens[:total].float().sum() + (d.weights[:total] * (row_id + 0.1234567)).sum()
+    ex.combine(torch.zeros_like(d.tokens), d)  # closes the forward round; not in the loss
     loss.backward()
     valid = (mine.topk_ids >= 0) & (torch.arange(x.shape[0])[:, None] < mine.num_tokens)
     want_x = valid.sum(1, keepdim=True).expand_as(x).to(torch.bfloat16)
