@@ -6,7 +6,23 @@ pinned NVSHMEM wheel are all present. Install with `--no-build-isolation` so the
 sees the torch already installed (see README).
 """
 
+import os
+
 from setuptools import find_packages, setup
+
+
+def _native_extensions():
+    """csrc/build.py decides (and prints why not) whether to build moe_backend._C."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "build.py")
+    spec = importlib.util.spec_from_file_location("moe_backend_csrc_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.extensions()
+
+
+ext_modules, cmdclass = _native_extensions()
 
 setup(
     name="moe_backend",
@@ -20,5 +36,7 @@ setup(
         "nvshmem": ["nvshmem4py-cu13", "nvidia-nvshmem-cu13==3.4.5"],
         "test": ["pytest", "hypothesis", "ruff"],
     },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
     entry_points={"console_scripts": ["moe-backend=moe_backend.cli:main"]},
 )

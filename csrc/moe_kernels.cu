@@ -1,0 +1,836 @@
+// moe_backend._C: the four split dispatch/combine kernels on NVSHMEM, their launchers, and
+// the few NVSHMEM host calls the Python runtime needs. One translation unit on purpose
+// (the CI machine has 2 cores). See docs/KERNELS.md for the protocol and buffer layout.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace moe {
+
+constexpr int MAXW = 64;
+constexpr int NTHREADS = 512;
+constexpr int NWARPS = NTHREADS / 32;
+
+// Error phases recorded by a timed-out wait (mirrored in nvshmem_runtime.py).
+enum Phase : int { PH_DISPATCH_RECV = 1, PH_COMBINE_RECV = 2, PH_DISPATCH_GRID = 3 };
+
+struct Params {
+  int W, G, tp, rank, group, replica;
+  int E, L, topk, H, M;
+  int row_bytes, scale_bytes, slot_bytes, table_bytes, part_bytes;
+  int out_code, xfer_code;
+  int chunk, nchunks, num_sms;
+  int nvl;
+  long long timeout_ns;
+  char* sym;  // this PE's symmetric arena (same offsets on every PE)
+  long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
+  unsigned long long* state;  // [0]=seq [1]=dispatch arrive [2]=dispatch grid flag [3]=combine arrive [4]=err
+  int* cnt;      // [nchunks, L]
+  int* base;     // [nchunks, L]
+  int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
+  int* err_host; // pinned, mapped: {flag, phase, peer, round}
+  int pe[MAXW];
+  char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
+};
+
+// Signal slots (uint64) inside the arena's signal region.
+__host__ __device__ inline long long sig_arrive(const Params& p, int r) { return r; }
+__host__ __device__ inline long long sig_table(const Params& p, int g) { return p.W + g; }
+__host__ __device__ inline long long sig_token(const Params& p, int g, int t) { return p.W + p.G + (long long)g * p.M + t; }
+__host__ __device__ inline long long sig_barrier(const Params& p, int r) { return p.W + p.G + (long long)p.G * p.M + r; }
+__host__ __device__ inline long long sig_comb(const Params& p, int r, int t) {
+  return 2LL * p.W + p.G + (long long)p.G * p.M + (long long)r * p.M + t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory-model helpers
+__device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* ptr) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* ptr) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ unsigned long long* sigp(const Params& p, char* base, long long slot) {
+  return reinterpret_cast<unsigned long long*>(base + p.off_sig) + slot;
+}
+
+__device__ void report_error(const Params& p, int phase, int peer, unsigned long long round) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(&p.state[4]), 0ULL, 1ULL) == 0ULL) {
+    volatile int* h = p.err_host;
+    h[1] = phase;
+    h[2] = peer;
+    h[3] = (int)round;
+    __threadfence_system();
+    h[0] = 1;
+    __threadfence_system();
+  }
+}
+
+// Bounded poll: true once *flag >= round; false on timeout (recorded) or an earlier error.
+__device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsigned long long round, int phase,
+                          int peer) {
+  if (ld_acquire_sys(flag) >= round) return true;
+  if (*(volatile unsigned long long*)&p.state[4]) return false;
+  const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+  for (unsigned i = 1;; ++i) {
+    if (ld_acquire_sys(flag) >= round) return true;
+    if ((i & 31) == 0) {
+      if (*(volatile unsigned long long*)&p.state[4]) return false;
+      if (gtimer() > deadline) {
+        report_error(p, phase, peer, round);
+        return false;
+      }
+    }
+  }
+}
+
+// Set a flag on rank r to `round`, ordered after this thread's (and its CTA-synchronised
+// peers') earlier writes: nvshmem signal (put transport) or a release store (nvlink).
+template <bool NVL>
+__device__ __forceinline__ void raise_flag(const Params& p, long long slot, int r, unsigned long long round) {
+  if constexpr (NVL) {
+    __threadfence_system();
+    st_release_sys(sigp(p, p.peer[r], slot), round);
+  } else {
+    nvshmemx_signal_op(reinterpret_cast<uint64_t*>(sigp(p, p.sym, slot)), round, NVSHMEM_SIGNAL_SET, p.pe[r]);
+  }
+}
+
+// Warp-cooperative byte copy; 16-byte vectors when everything is aligned.
+__device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes, int lane) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes) & 15) == 0) {
+    int4* d = reinterpret_cast<int4*>(dst);
+    const int4* s = reinterpret_cast<const int4*>(src);
+    const int n = bytes >> 4;
+    int i = lane;
+    for (; i + 96 < n; i += 128) {
+      int4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+      d[i] = a;
+      d[i + 32] = b;
+      d[i + 64] = c;
+      d[i + 96] = e;
+    }
+    for (; i < n; i += 32) d[i] = s[i];
+  } else if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes) & 3) == 0) {
+    int* d = reinterpret_cast<int*>(dst);
+    const int* s = reinterpret_cast<const int*>(src);
+    for (int i = lane; i < (bytes >> 2); i += 32) d[i] = s[i];
+  } else {
+    for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
+  }
+}
+
+// Copy one source to up to MAXW destinations (mask over ranks) in one pass over the data.
+__device__ __forceinline__ void warp_copy_multi(const Params& p, long long dst_off, unsigned long long mask,
+                                                const char* src, int bytes, int lane) {
+  bool aligned = ((reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes | (uintptr_t)dst_off) & 15) == 0;
+  if (aligned) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    const int n = bytes >> 4;
+    for (int i = lane; i < n; i += 32) {
+      int4 v = s[i];
+      for (unsigned long long m = mask; m; m &= m - 1) {
+        int r = __ffsll((long long)m) - 1;
+        reinterpret_cast<int4*>(p.peer[r] + dst_off)[i] = v;
+      }
+    }
+  } else {
+    for (int i = lane; i < bytes; i += 32) {
+      char v = src[i];
+      for (unsigned long long m = mask; m; m &= m - 1) {
+        int r = __ffsll((long long)m) - 1;
+        p.peer[r][dst_off + i] = v;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dispatch send. Block 0 also raises the "entered dispatch" flag at every rank and (replica
+// 0 of a group) ships the group's routing table; then every warp sends owned tokens, one
+// copy per destination rank, into the receiver's slot [group][t], flag = round.
+template <bool NVL>
+__global__ void __launch_bounds__(NTHREADS) dispatch_send_kernel(Params p, const char* __restrict__ x,
+                                                                 const int* __restrict__ ids,
+                                                                 const float* __restrict__ w,
+                                                                 const float* __restrict__ scale,
+                                                                 const int* __restrict__ nptr, int n_host, int rows) {
+  const unsigned long long round = p.state[0] + 1;
+  int n = nptr ? *nptr : n_host;
+  n = n < 0 ? 0 : (n > rows ? rows : n);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = p.E, L = p.L, topk = p.topk;
+
+  if (blockIdx.x == 0) {
+    if (threadIdx.x < p.W) raise_flag<NVL>(p, sig_arrive(p, p.rank), threadIdx.x, round);
+    if (p.replica == 0) {
+      const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
+      const int nk = n * topk;
+      const int tbytes = 16 + nk * (w ? 8 : 4);
+      if constexpr (NVL) {
+        for (int r = 0; r < p.W; ++r) {
+          char* tb = p.peer[r] + toff;
+          int* tid_ = reinterpret_cast<int*>(tb + 16);
+          float* twt = reinterpret_cast<float*>(tb + 16 + (long long)nk * 4);
+          for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+            int id = ids[i];
+            tid_[i] = (id >= 0 && id < E) ? id : -1;
+            if (w) twt[i] = w[i];
+          }
+          if (threadIdx.x == 0) {
+            reinterpret_cast<int*>(tb)[0] = n;
+            reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
+          }
+        }
+        __syncthreads();
+        if (threadIdx.x < p.W) raise_flag<true>(p, sig_table(p, p.group), threadIdx.x, round);
+      } else {
+        char* tb = p.sym + p.off_stage_table;
+        int* tid_ = reinterpret_cast<int*>(tb + 16);
+        float* twt = reinterpret_cast<float*>(tb + 16 + (long long)nk * 4);
+        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
+          int id = ids[i];
+          tid_[i] = (id >= 0 && id < E) ? id : -1;
+          if (w) twt[i] = w[i];
+        }
+        if (threadIdx.x == 0) {
+          reinterpret_cast<int*>(tb)[0] = n;
+          reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
+        }
+        __syncthreads();
+        for (int r = warp; r < p.W; r += NWARPS) {
+          nvshmemx_putmem_signal_nbi_warp(p.sym + toff, tb, tbytes,
+                                          reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_table(p, p.group))),
+                                          round, NVSHMEM_SIGNAL_SET, p.pe[r]);
+        }
+      }
+    }
+  }
+
+  const int gwarp = blockIdx.x * NWARPS + warp;
+  const int nwarps = gridDim.x * NWARPS;
+  const int aligned_row = (p.row_bytes + 15) & ~15;
+  for (int i = gwarp;; i += nwarps) {
+    const int t = p.replica + i * p.tp;
+    if (t >= n) break;
+    unsigned long long mask = 0;
+    for (int k = lane; k < topk; k += 32) {
+      int id = ids[(long long)t * topk + k];
+      if (id >= 0 && id < E) mask |= 1ULL << (id / L);
+    }
+    unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
+    unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
+    mask = ((unsigned long long)hi << 32) | lo;
+    if (!mask) continue;
+    const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
+    const char* xs = x + (long long)t * p.row_bytes;
+    if constexpr (NVL) {
+      warp_copy_multi(p, slot_off, mask, xs, p.row_bytes, lane);
+      if (p.scale_bytes)
+        warp_copy_multi(p, slot_off + aligned_row, mask, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes,
+                        p.scale_bytes, lane);
+      __syncwarp();
+      if (lane == 0) __threadfence_system();
+      __syncwarp();
+      for (unsigned long long m = mask; m; m &= m - 1) {
+        int r = __ffsll((long long)m) - 1;
+        if (lane == 0) st_release_sys(sigp(p, p.peer[r], sig_token(p, p.group, t)), round);
+      }
+    } else {
+      char* st = p.sym + p.off_stage_disp + (long long)t * p.slot_bytes;
+      warp_copy(st, xs, p.row_bytes, lane);
+      if (p.scale_bytes)
+        warp_copy(st + aligned_row, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes, lane);
+      __syncwarp();
+      const int bytes = aligned_row + p.scale_bytes;
+      for (unsigned long long m = mask; m; m &= m - 1) {
+        int r = __ffsll((long long)m) - 1;
+        nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off, st, bytes,
+                                        reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_token(p, p.group, t))), round,
+                                        NVSHMEM_SIGNAL_SET, p.pe[r]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
+// warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
+// counts meet in one flag-based grid barrier (the last block scans), then each block
+// writes rows (expert, g, t) and copies payloads (waiting for per-token flags).
+__global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __restrict__ tokens,
+                                                             float* __restrict__ scales, float* __restrict__ weights,
+                                                             int64_t* __restrict__ tpe, int64_t* __restrict__ offs,
+                                                             int* __restrict__ sg, int* __restrict__ stok,
+                                                             int* __restrict__ sk, int weighted) {
+  extern __shared__ unsigned smem[];
+  __shared__ int sh_n[MAXW];
+  __shared__ int sh_last;
+  const unsigned long long round = p.state[0] + 1;
+  const int L = p.L, topk = p.topk, M = p.M, G = p.G;
+  const int CH = p.chunk;
+  const int nmw = CH / 32;
+  unsigned* msk = smem;                                    // [nmw][L]
+  int* bs = reinterpret_cast<int*>(smem + (size_t)nmw * L);  // [L]
+  const int c = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nw = blockDim.x >> 5;
+
+  if (c == 0 && tid < p.W)
+    wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  if (tid < G) {
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round, PH_DISPATCH_RECV, tid * p.tp);
+    int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+    sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+  }
+  for (int i = tid; i < nmw * L; i += blockDim.x) msk[i] = 0;
+  __syncthreads();
+
+  // Phase 1: masks and chunk counts.
+  const long long u = (long long)c * CH + tid;
+  int g = -1, t = -1;
+  const int* tids = nullptr;
+  if (tid < CH && u < (long long)G * M) {
+    g = (int)(u / M);
+    t = (int)(u % M);
+    if (t < sh_n[g]) {
+      tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + 16) + (long long)t * topk;
+      for (int k = 0; k < topk; ++k) {
+        int e = tids[k] - p.rank * L;
+        if (e >= 0 && e < L) atomicOr(&msk[warp * L + e], 1u << lane);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < L; e += blockDim.x) {
+    int s = 0;
+    for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
+    p.cnt[(long long)c * L + e] = s;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sh_last = (atomicAdd(&p.state[1], 1ULL) == (unsigned long long)(gridDim.x - 1));
+  __syncthreads();
+  if (sh_last) {
+    __threadfence();
+    if (tid == 0) {
+      long long run = 0;
+      for (int e = 0; e < L; ++e) {
+        int col = 0;
+        for (int cc = 0; cc < gridDim.x; ++cc) {
+          int v = __ldcg(&p.cnt[(long long)cc * L + e]);
+          __stcg(&p.base[(long long)cc * L + e], (int)run + col);
+          col += v;
+        }
+        tpe[e] = col;
+        offs[e] = run;
+        run += col;
+      }
+      offs[L] = run;
+      p.state[1] = 0;
+      __threadfence();
+      st_release_gpu(&p.state[2], round);
+    }
+  } else if (tid == 0) {
+    const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+    for (unsigned i = 1; ld_acquire_gpu(&p.state[2]) < round; ++i) {
+      if ((i & 31) == 0 && gtimer() > deadline) {
+        report_error(p, PH_DISPATCH_GRID, -1, round);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < L; e += blockDim.x) bs[e] = __ldcg(&p.base[(long long)c * L + e]);
+  __syncthreads();
+
+  // Phase 2: rows, metadata and the combine row map, one thread per token.
+  if (g >= 0) {
+    int* rm = p.rowmap + u * topk;
+    for (int k = 0; k < topk; ++k) {
+      int row = -1;
+      if (tids) {
+        int e = tids[k] - p.rank * L;
+        if (e >= 0 && e < L) {
+          row = bs[e] + __popc(msk[warp * L + e] & ((1u << lane) - 1));
+          for (int w = 0; w < warp; ++w) row += __popc(msk[w * L + e]);
+          sg[row] = g;
+          stok[row] = t;
+          sk[row] = k;
+          if (weighted) {
+            const float* tw = reinterpret_cast<const float*>(p.sym + p.off_tables + (long long)g * p.table_bytes + 16 +
+                                                             (long long)sh_n[g] * topk * 4);
+            weights[row] = tw[(long long)t * topk + k];
+          }
+        }
+      }
+      rm[k] = row;
+    }
+  }
+  __syncthreads();
+
+  // Phase 3: payload copies, one warp per token.
+  const int aligned_row = (p.row_bytes + 15) & ~15;
+  for (int i = warp; i < CH; i += nw) {
+    const long long uu = (long long)c * CH + i;
+    if (uu >= (long long)G * M) break;
+    const int gg = (int)(uu / M), tt = (int)(uu % M);
+    if (tt >= sh_n[gg]) continue;
+    const int* rm = p.rowmap + uu * topk;
+    int myrow = lane < topk ? rm[lane] : -1;
+    unsigned any = __ballot_sync(0xffffffffu, myrow >= 0);
+    for (int k = 32 + lane; k < topk; k += 32) any |= (rm[k] >= 0);
+    if (!__any_sync(0xffffffffu, any != 0)) continue;
+    if (lane == 0)
+      wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
+    __syncwarp();
+    const char* src = p.sym + p.off_disp + uu * p.slot_bytes;
+    for (int k = 0; k < topk; ++k) {
+      int row = rm[k];
+      if (row < 0) continue;
+      warp_copy(tokens + (long long)row * p.row_bytes, src, p.row_bytes, lane);
+      if (p.scale_bytes)
+        warp_copy(reinterpret_cast<char*>(scales) + (long long)row * p.scale_bytes, src + aligned_row, p.scale_bytes,
+                  lane);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// dtype helpers
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T, int N>
+struct alignas(16) VecT {
+  T v[N];
+};
+template <typename T, int N>
+__device__ __forceinline__ void load_n(const T* ptr, float* f) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+    VecT<T, N> tmp;
+    constexpr int NB = N * sizeof(T) / 16;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reinterpret_cast<int4*>(&tmp)[b] = reinterpret_cast<const int4*>(ptr)[b];
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(tmp.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(ptr[i]);
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_n(T* ptr, const float* f) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+    VecT<T, N> tmp;
+#pragma unroll
+    for (int i = 0; i < N; ++i) tmp.v[i] = from_f<T>(f[i]);
+    constexpr int NB = N * sizeof(T) / 16;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reinterpret_cast<int4*>(ptr)[b] = reinterpret_cast<const int4*>(&tmp)[b];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) ptr[i] = from_f<T>(f[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine send: raise the round barrier at every rank, then one warp per source token held
+// here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
+// the partial once to every replica of the source group, slot [my rank][t], flag = round.
+template <bool NVL, typename TY, typename TX, int N>
+__global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const TY* __restrict__ y,
+                                                                const float* __restrict__ w) {
+  __shared__ int sh_rows[NWARPS][64];
+  __shared__ float sh_w[NWARPS][64];
+  const unsigned long long round = p.state[0] + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int topk = p.topk, H = p.H, M = p.M;
+  if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+
+  const long long total = (long long)p.G * M;
+  for (long long u = (long long)blockIdx.x * NWARPS + warp; u < total; u += (long long)gridDim.x * NWARPS) {
+    const int* rm = p.rowmap + u * topk;
+    int nk = 0;
+    for (int k0 = 0; k0 < topk; k0 += 32) {
+      int k = k0 + lane;
+      int row = k < topk ? rm[k] : -1;
+      unsigned b = __ballot_sync(0xffffffffu, row >= 0);
+      if (row >= 0) {
+        int pos = nk + __popc(b & ((1u << lane) - 1));
+        sh_rows[warp][pos] = row;
+        sh_w[warp][pos] = w ? w[row] : 1.0f;
+      }
+      nk += __popc(b);
+    }
+    __syncwarp();
+    if (nk == 0) continue;
+    const int g = (int)(u / M), t = (int)(u % M);
+    const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
+    TX* stage = nullptr;
+    if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
+    for (int h = lane * N; h < H; h += 32 * N) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      for (int j = 0; j < nk; ++j) {
+        float v[N];
+        load_n<TY, N>(y + (long long)sh_rows[warp][j] * H + h, v);
+        if (w) {
+          const float wj = sh_w[warp][j];
+#pragma unroll
+          for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(wj, v[i]));
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
+        }
+      }
+      if constexpr (NVL) {
+        for (int q = 0; q < p.tp; ++q)
+          store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + h, acc);
+      } else {
+        store_n<TX, N>(stage + h, acc);
+      }
+    }
+    __syncwarp();
+    if constexpr (NVL) {
+      if (lane == 0) {
+        __threadfence_system();
+        for (int q = 0; q < p.tp; ++q) st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t)), round);
+      }
+    } else {
+      for (int q = 0; q < p.tp; ++q)
+        nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off, stage, (size_t)H * sizeof(TX),
+                                        reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t))), round,
+                                        NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
+    }
+    __syncwarp();
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine receive: wait for every rank's barrier flag; one warp per own token sums the
+// partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
+// the output dtype; zeros elsewhere. The last block to finish advances the round counter.
+template <typename TX, typename TO, int N>
+__global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const int* __restrict__ ids,
+                                                                const int* __restrict__ nptr, int n_host, int rows,
+                                                                TO* __restrict__ out) {
+  const unsigned long long round = p.state[0] + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
+  int n = nptr ? *nptr : n_host;
+  n = n < 0 ? 0 : (n > rows ? rows : n);
+  if (blockIdx.x == 0 && threadIdx.x < p.W)
+    wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
+
+  for (int t = blockIdx.x * NWARPS + warp; t < rows; t += gridDim.x * NWARPS) {
+    unsigned long long mask = 0;
+    if (t < n) {
+      for (int k = lane; k < topk; k += 32) {
+        int id = ids[(long long)t * topk + k];
+        if (id >= 0 && id < E) mask |= 1ULL << (id / L);
+      }
+    }
+    unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
+    unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
+    mask = ((unsigned long long)hi << 32) | lo;
+    for (int r = lane; r < p.W; r += 32)
+      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t)), round, PH_COMBINE_RECV, r);
+    __syncwarp();
+    for (int h = lane * N; h < H; h += 32 * N) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      for (unsigned long long m = mask; m; m &= m - 1) {
+        int r = __ffsll((long long)m) - 1;
+        float v[N];
+        load_n<TX, N>(reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes) + h, v);
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
+      }
+      store_n<TO, N>(out + (long long)t * H + h, acc);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&p.state[3], 1ULL) == (unsigned long long)(gridDim.x - 1)) {
+      p.state[3] = 0;
+      p.state[0] = round;
+      __threadfence();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+#define CUDA_OK(x)                                                                        \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    TORCH_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x); \
+  } while (0)
+
+static Params& P(int64_t ctx) { return *reinterpret_cast<Params*>(ctx); }
+
+int64_t create_ctx(std::vector<int64_t> c) {
+  TORCH_CHECK(c.size() >= 36, "create_ctx: short config");
+  auto* p = new Params();
+  int i = 0;
+  p->W = c[i++]; p->G = c[i++]; p->tp = c[i++]; p->rank = c[i++];
+  p->E = c[i++]; p->L = c[i++]; p->topk = c[i++]; p->H = c[i++]; p->M = c[i++];
+  p->row_bytes = c[i++]; p->scale_bytes = c[i++]; p->slot_bytes = c[i++]; p->table_bytes = c[i++];
+  p->part_bytes = c[i++]; p->out_code = c[i++]; p->xfer_code = c[i++];
+  p->chunk = c[i++]; p->nchunks = c[i++]; p->num_sms = c[i++]; p->nvl = c[i++];
+  p->timeout_ns = c[i++];
+  p->sym = reinterpret_cast<char*>(c[i++]);
+  p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];
+  p->off_stage_disp = c[i++]; p->off_stage_table = c[i++]; p->off_stage_comb = c[i++];
+  p->state = reinterpret_cast<unsigned long long*>(c[i++]);
+  p->cnt = reinterpret_cast<int*>(c[i++]);
+  p->base = reinterpret_cast<int*>(c[i++]);
+  p->rowmap = reinterpret_cast<int*>(c[i++]);
+  p->err_host = reinterpret_cast<int*>(c[i++]);
+  TORCH_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length");
+  for (int r = 0; r < p->W; ++r) p->pe[r] = c[i++];
+  for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
+  p->group = p->rank / p->tp;
+  p->replica = p->rank % p->tp;
+  return reinterpret_cast<int64_t>(p);
+}
+
+void destroy_ctx(int64_t ctx) { delete reinterpret_cast<Params*>(ctx); }
+
+static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + p.L) * 4; }
+
+at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                         const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                         int64_t ctx) {
+  const Params& p = P(ctx);
+  c10::cuda::CUDAGuard guard(x.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int rows = x.size(0);
+  const int per_replica = (p.M + p.tp - 1) / p.tp;
+  int blocks = std::max(1, std::min(2 * p.num_sms, (per_replica + NWARPS - 1) / NWARPS));
+  auto args = std::make_tuple(reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(),
+                              w ? w->data_ptr<float>() : nullptr, scale ? scale->data_ptr<float>() : nullptr,
+                              ntok ? ntok->data_ptr<int>() : nullptr);
+  if (p.nvl)
+    dispatch_send_kernel<true><<<blocks, NTHREADS, 0, stream>>>(p, std::get<0>(args), std::get<1>(args), std::get<2>(args),
+                                                                std::get<3>(args), std::get<4>(args), (int)n_host, rows);
+  else
+    dispatch_send_kernel<false><<<blocks, NTHREADS, 0, stream>>>(p, std::get<0>(args), std::get<1>(args), std::get<2>(args),
+                                                                 std::get<3>(args), std::get<4>(args), (int)n_host, rows);
+  CUDA_OK(cudaGetLastError());
+  return at::empty({0}, x.options().dtype(at::kInt));
+}
+
+std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_t in_dtype_code, bool weighted) {
+  const Params& p = P(ctx);
+  c10::cuda::CUDAGuard guard(dep.device());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
+  auto dev = dep.options();
+  static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
+  at::Tensor tokens = at::empty({R, p.H}, dev.dtype(codes[in_dtype_code]));
+  at::Tensor scales = at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat));
+  at::Tensor weights = at::empty({weighted ? R : 0}, dev.dtype(at::kFloat));
+  at::Tensor tpe = at::empty({p.L}, dev.dtype(at::kLong));
+  at::Tensor offs = at::empty({p.L + 1}, dev.dtype(at::kLong));
+  at::Tensor sg = at::empty({R}, dev.dtype(at::kInt));
+  at::Tensor st = at::empty({R}, dev.dtype(at::kInt));
+  at::Tensor sk = at::empty({R}, dev.dtype(at::kInt));
+  size_t smem = recv_smem(p);
+  static bool attr_set = false;
+  if (smem > 48 * 1024 && !attr_set) {
+    CUDA_OK(cudaFuncSetAttribute(dispatch_recv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    attr_set = true;
+  }
+  int threads = std::max(p.chunk, 256);
+  dispatch_recv_kernel<<<p.nchunks, threads, smem, stream>>>(
+      p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(), weighted ? weights.data_ptr<float>() : nullptr,
+      tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(), sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(),
+      weighted ? 1 : 0);
+  CUDA_OK(cudaGetLastError());
+  return {tokens, scales, weights, tpe, offs, sg, st, sk};
+}
+
+template <bool NVL, typename TY, typename TX>
+static void launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  int blocks = std::max(1, std::min(2 * p.num_sms, (p.G * p.M + NWARPS - 1) / NWARPS));
+  if (p.H % 8 == 0)
+    combine_send_kernel<NVL, TY, TX, 8><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+  else
+    combine_send_kernel<NVL, TY, TX, 1><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+}
+
+template <bool NVL, typename TY>
+static void launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  if (p.xfer_code == 2) launch_combine_send<NVL, TY, float>(p, y, w, s);
+  else launch_combine_send<NVL, TY, TY>(p, y, w, s);
+}
+
+at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, int64_t ctx) {
+  const Params& p = P(ctx);
+  c10::cuda::CUDAGuard guard(y.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  const float* wp = w ? w->data_ptr<float>() : nullptr;
+  const void* yp = y.data_ptr();
+#define CS(NVL)                                                                 \
+  switch (p.out_code) {                                                         \
+    case 0: launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
+    case 1: launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
+    default: launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
+  }
+  if (p.nvl) { CS(true) } else { CS(false) }
+#undef CS
+  CUDA_OK(cudaGetLastError());
+  return at::empty({0}, y.options().dtype(at::kInt));
+}
+
+template <typename TX, typename TO>
+static void launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
+                                cudaStream_t s) {
+  int blocks = std::max(1, std::min(2 * p.num_sms, (p.M + NWARPS - 1) / NWARPS));
+  if (p.H % 8 == 0)
+    combine_recv_kernel<TX, TO, 8><<<blocks, NTHREADS, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+  else
+    combine_recv_kernel<TX, TO, 1><<<blocks, NTHREADS, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+}
+
+void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                  at::Tensor out, int64_t ctx) {
+  const Params& p = P(ctx);
+  c10::cuda::CUDAGuard guard(out.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  const int* nptr = ntok ? ntok->data_ptr<int>() : nullptr;
+  const int rows = out.size(0);
+  void* o = out.data_ptr();
+  const int* ip = ids.data_ptr<int>();
+  switch (p.out_code) {
+    case 0:
+      if (p.xfer_code == 2) launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, (int)n_host, rows, o, s);
+      else launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, (int)n_host, rows, o, s);
+      break;
+    case 1:
+      if (p.xfer_code == 2) launch_combine_recv<float, __half>(p, ip, nptr, (int)n_host, rows, o, s);
+      else launch_combine_recv<__half, __half>(p, ip, nptr, (int)n_host, rows, o, s);
+      break;
+    default: launch_combine_recv<float, float>(p, ip, nptr, (int)n_host, rows, o, s); break;
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
+// NVSHMEM host helpers ------------------------------------------------------------------
+at::Tensor get_uid() {
+  nvshmemx_uniqueid_t id;
+  TORCH_CHECK(nvshmemx_get_uniqueid(&id) == 0, "nvshmemx_get_uniqueid failed");
+  at::Tensor t = at::empty({(int64_t)sizeof(id)}, at::TensorOptions().dtype(at::kByte));
+  memcpy(t.data_ptr(), &id, sizeof(id));
+  return t;
+}
+
+void init_uid(const at::Tensor& uid, int64_t rank, int64_t nranks) {
+  nvshmemx_uniqueid_t id;
+  TORCH_CHECK(uid.numel() == (int64_t)sizeof(id), "bad unique id size");
+  memcpy(&id, uid.data_ptr(), sizeof(id));
+  nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
+  nvshmemx_set_attr_uniqueid_args((int)rank, (int)nranks, &id, &attr);
+  TORCH_CHECK(nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) == 0, "nvshmemx_init_attr failed");
+}
+
+// After nvshmem4py initialised the host library: register this module's device state.
+void register_module() { nvshmem_init(); }
+int64_t init_status() { return nvshmemx_init_status(); }
+int64_t my_pe() { return nvshmem_my_pe(); }
+int64_t n_pes() { return nvshmem_n_pes(); }
+int64_t sym_malloc(int64_t bytes) {
+  void* ptr = nvshmem_malloc((size_t)bytes);
+  TORCH_CHECK(ptr != nullptr, "nvshmem_malloc(", bytes, ") failed");
+  CUDA_OK(cudaMemset(ptr, 0, (size_t)bytes));
+  CUDA_OK(cudaDeviceSynchronize());
+  nvshmem_barrier_all();
+  return reinterpret_cast<int64_t>(ptr);
+}
+void sym_free(int64_t ptr) {
+  CUDA_OK(cudaDeviceSynchronize());
+  nvshmem_free(reinterpret_cast<void*>(ptr));
+}
+int64_t peer_ptr(int64_t ptr, int64_t pe) {
+  return reinterpret_cast<int64_t>(nvshmem_ptr(reinterpret_cast<void*>(ptr), (int)pe));
+}
+void barrier_all() { nvshmem_barrier_all(); }
+int64_t num_sms(int64_t device) {
+  int v = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, (int)device));
+  return v;
+}
+
+}  // namespace moe
+
+TORCH_LIBRARY(moe_backend, m) {
+  m.def("dispatch_send(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
+        "int n_host, int ctx) -> Tensor");
+  m.def("dispatch_recv(Tensor dep, int ctx, int in_dtype_code, bool weighted) -> Tensor[]");
+  m.def("combine_send(Tensor expert_y, Tensor? weights, Tensor dep, int ctx) -> Tensor");
+  m.def("combine_recv(Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, Tensor(a!) out, int ctx) -> ()");
+  m.def("create_ctx(int[] cfg) -> int", moe::create_ctx);
+  m.def("destroy_ctx(int ctx) -> ()", moe::destroy_ctx);
+  m.def("get_uid() -> Tensor", moe::get_uid);
+  m.def("init_uid(Tensor uid, int rank, int nranks) -> ()", moe::init_uid);
+  m.def("register_module() -> ()", moe::register_module);
+  m.def("init_status() -> int", moe::init_status);
+  m.def("my_pe() -> int", moe::my_pe);
+  m.def("n_pes() -> int", moe::n_pes);
+  m.def("sym_malloc(int bytes) -> int", moe::sym_malloc);
+  m.def("sym_free(int ptr) -> ()", moe::sym_free);
+  m.def("peer_ptr(int ptr, int pe) -> int", moe::peer_ptr);
+  m.def("barrier_all() -> ()", moe::barrier_all);
+  m.def("num_sms(int device) -> int", moe::num_sms);
+}
+
+TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
+  m.impl("dispatch_send", moe::dispatch_send);
+  m.impl("dispatch_recv", moe::dispatch_recv);
+  m.impl("combine_send", moe::combine_send);
+  m.impl("combine_recv", moe::combine_recv);
+}
+
+// A bare Python module: importing it runs the registrations above.
+static struct PyModuleDef moe_module = {PyModuleDef_HEAD_INIT, "_C", "moe_backend native NVSHMEM kernels", -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&moe_module); }

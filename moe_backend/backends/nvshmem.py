@@ -1,0 +1,160 @@
+"""The `nvshmem` backend: four split kernels (csrc/moe_kernels.cu) over NVSHMEM.
+
+Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symmetric
+memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,
+default 10 s), `sync_check` (synchronise the stream after each receive and raise a timeout
+at once; for tests and debugging: it is a host sync).
+
+Errors: a timed-out wait records (phase, peer rank) in pinned host memory and the kernel
+exits. The backend checks that word, without any device sync, at the start of every op and
+after every receive, so the `RuntimeError` naming phase and peer surfaces at the latest at
+the next op (at once with `sync_check=True`, or after any stream sync with `check_error()`).
+No host sync anywhere else: all four ops can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import _C  # noqa: F401  (ImportError here = backend unavailable)
+from ..result import Handle
+from ..spec import FP8, CommSpec
+from . import nvshmem_runtime as rt
+from .base import Backend, Received
+
+_ops = torch.ops.moe_backend
+
+
+class NvshmemBackend(Backend):
+    name = "nvshmem"
+
+    def __init__(
+        self,
+        spec: CommSpec,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+        transport: str = "auto",
+        timeout_s: float = 10.0,
+        sync_check: bool = False,
+    ):
+        super().__init__(spec, group, device)
+        if transport not in rt.TRANSPORTS:
+            raise ValueError(f"transport must be one of {rt.TRANSPORTS}, got {transport!r}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if spec.world_size > rt.MAX_WORLD:
+            raise ValueError(f"the nvshmem backend supports up to {rt.MAX_WORLD} ranks, got {spec.world_size}")
+        if spec.topk > rt.MAX_TOPK:
+            raise ValueError(f"the nvshmem backend supports topk <= {rt.MAX_TOPK}, got {spec.topk}")
+        if device.type != "cuda":
+            raise ValueError(f"the nvshmem backend needs a CUDA device, got {device}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+            self.device = device
+        self.sync_check = sync_check
+        self.arena = rt.acquire(spec, transport, float(timeout_s), group, device)
+        self.transport = self.arena.transport
+        self._in_code = rt.dtype_code(spec.in_dtype)
+
+    @property
+    def ctx(self) -> int:
+        return self.arena.ctx
+
+    def check_error(self) -> None:
+        """Raise `RuntimeError` if a kernel of this arena timed out (no device sync)."""
+        self.arena.check()
+
+    def _after_recv(self) -> None:
+        if self.sync_check and not torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream(self.device).synchronize()
+        self.arena.check()
+
+    @staticmethod
+    def _split_n(num_tokens: int | torch.Tensor) -> tuple[torch.Tensor | None, int]:
+        if isinstance(num_tokens, torch.Tensor):
+            return num_tokens, 0
+        return None, int(num_tokens)
+
+    def dispatch_send(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
+        self.arena.check()
+        self.arena.claim(self)
+        nt, nh = self._split_n(num_tokens)
+        dep = _ops.dispatch_send(x, topk_ids, topk_weights, x_scale, nt, nh, self.ctx)
+        return dep, topk_weights is not None
+
+    def dispatch_recv(self, pending) -> Received:
+        dep, weighted = pending
+        tokens, scales, weights, tpe, offs, sg, st, sk = _ops.dispatch_recv(dep, self.ctx, self._in_code, weighted)
+        self._after_recv()
+        return Received(
+            tokens=tokens,
+            scales=scales if self.spec.in_dtype == FP8 else None,
+            weights=weights if weighted else None,
+            tokens_per_expert=tpe,
+            expert_offsets=offs,
+            src_group=sg,
+            src_token=st,
+            src_k=sk,
+            backend_state=dep,
+        )
+
+    def combine_send(self, expert_y, handle: Handle, weights) -> Any:
+        self.arena.check()
+        dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
+        dep = _ops.combine_send(expert_y, weights, dep, self.ctx)
+        return dep, handle.topk_ids, handle.num_tokens
+
+    def combine_recv(self, pending, out: torch.Tensor) -> torch.Tensor:
+        dep, topk_ids, num_tokens = pending
+        nt, nh = self._split_n(num_tokens)
+        _ops.combine_recv(dep, topk_ids, nt, nh, out, self.ctx)
+        if self.arena.owner is self:
+            self.arena.owner = None
+        self._after_recv()
+        return out
+
+    def close(self) -> None:
+        arena, self.arena = self.arena, None
+        if arena is not None:
+            if arena.owner is self:
+                arena.owner = None
+            rt.release(arena)
+
+
+# -- fake (meta) kernels: shapes for torch.compile ------------------------------------------
+def _register_fakes() -> None:
+    from torch.library import register_fake
+
+    @register_fake("moe_backend::dispatch_send")
+    def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, ctx):
+        return x.new_empty(0, dtype=torch.int32)
+
+    @register_fake("moe_backend::dispatch_recv")
+    def _(dep, ctx, in_dtype_code, weighted):
+        spec = rt.arena_for_ctx(ctx).spec
+        R = spec.max_recv_tokens
+        dt = [torch.bfloat16, torch.float16, torch.float32, FP8][in_dtype_code]
+        e = lambda *s, d: dep.new_empty(s, dtype=d)  # noqa: E731
+        L = spec.num_local_experts
+        return [
+            e(R, spec.hidden, d=dt), e(R, spec.num_scales, d=torch.float32), e(R if weighted else 0, d=torch.float32),
+            e(L, d=torch.int64), e(L + 1, d=torch.int64), e(R, d=torch.int32), e(R, d=torch.int32),
+            e(R, d=torch.int32),
+        ]
+
+    @register_fake("moe_backend::combine_send")
+    def _(expert_y, weights, dep, ctx):
+        return expert_y.new_empty(0, dtype=torch.int32)
+
+    @register_fake("moe_backend::combine_recv")
+    def _(dep, topk_ids, num_tokens, n_host, out, ctx):
+        return None
+
+
+try:
+    _register_fakes()
+except Exception:  # pragma: no cover - older torch without register_fake
+    pass

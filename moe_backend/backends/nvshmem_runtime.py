@@ -1,0 +1,338 @@
+"""NVSHMEM bootstrap and the process-wide symmetric buffer arena of the `nvshmem` backend.
+
+Importable without the native extension: `buffer_bytes(spec)` / `layout(spec)` are the one
+place the buffer sizes are defined (docs/KERNELS.md explains every region), so
+`moe-backend info` can print them on a CPU machine. Everything that touches NVSHMEM
+imports `moe_backend._C` lazily.
+
+Lifetime: NVSHMEM is initialised once per process (nvshmem4py with a unique id broadcast
+over torch.distributed, then the extension registers its device state). Arenas are keyed
+by (spec, transport, timeout, ranks); every communicator with the same key shares one
+(layers, micro-batches) as long as their rounds do not interleave (checked). An arena is
+freed, collectively, when the last communicator using it is closed, or by `shutdown()`.
+Nothing collective runs at interpreter exit (a peer may already be gone): the driver
+releases the memory with the process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..spec import FP8, CommSpec
+
+TRANSPORTS = ("auto", "put", "nvlink")
+MAX_WORLD = 64
+MAX_TOPK = 64
+_ALIGN = 256
+PHASES = {1: "dispatch_recv", 2: "combine_recv", 3: "dispatch_recv (grid barrier)"}
+
+_DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, FP8: 3}
+
+
+def _up(x: int, a: int = 16) -> int:
+    return (x + a - 1) // a * a
+
+
+def row_sizes(spec: CommSpec) -> dict[str, int]:
+    """Bytes of one dispatch slot (x row + fp8 scales), one routing table, one combine partial."""
+    row = spec.hidden * spec.in_dtype.itemsize
+    scale = spec.num_scales * 4
+    return {
+        "row_bytes": row,
+        "scale_bytes": scale,
+        "slot_bytes": _up(row) + _up(scale),
+        "table_bytes": _up(16 + spec.max_num_tokens * spec.topk * 8),
+        "part_bytes": _up(spec.hidden * spec.transfer_dtype.itemsize),
+    }
+
+
+def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
+    """Offsets (`off_*`) and sizes of the symmetric arena regions, and its total size.
+
+    W ranks, G groups, M max tokens, per rank:
+      signals   8 * (W arrive + G table + G*M token + W barrier + W*M partial) flags
+      tables    G * table_bytes           (16-byte header, ids[n*topk] int32, weights[n*topk] f32)
+      dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales)
+      combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
+      staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
+    """
+    if transport not in ("put", "nvlink"):
+        raise ValueError(f"transport must be 'put' or 'nvlink' here, got {transport!r}")
+    W, G, M = spec.world_size, spec.num_groups, spec.max_num_tokens
+    s = row_sizes(spec)
+    sizes = {
+        "signals": 8 * (2 * W + G + G * M + W * M),
+        "tables": G * s["table_bytes"],
+        "dispatch": G * M * s["slot_bytes"],
+        "combine": W * M * s["part_bytes"],
+        "stage_disp": M * s["slot_bytes"] if transport == "put" else 0,
+        "stage_table": s["table_bytes"] if transport == "put" else 0,
+        "stage_comb": G * M * s["part_bytes"] if transport == "put" else 0,
+    }
+    out: dict[str, int] = {}
+    off = 0
+    for name, size in sizes.items():
+        out[f"off_{name}"] = off
+        out[name] = size
+        off += _up(size, _ALIGN)
+    out["symmetric_total"] = off
+    return out
+
+
+def buffer_bytes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
+    """Bytes per rank of every buffer the nvshmem backend allocates for `spec`.
+
+    Symmetric (NVSHMEM heap, per rank): signals, tables, dispatch, combine, staging (put
+    transport only); `symmetric_total` is their sum with alignment. Local device memory:
+    `rowmap` (G*M*topk int32, the received row of every (token, k)), chunk counters, state.
+    """
+    lay = layout(spec, "put" if transport == "auto" else transport)
+    chunks = max(1, -(-spec.num_groups * spec.max_num_tokens // 32))  # upper bound
+    local = spec.num_groups * spec.max_num_tokens * spec.topk * 4 + 2 * chunks * spec.num_local_experts * 4 + 64
+    return {
+        "signals": lay["signals"],
+        "tables": lay["tables"],
+        "dispatch": lay["dispatch"],
+        "combine": lay["combine"],
+        "staging": lay["stage_disp"] + lay["stage_table"] + lay["stage_comb"],
+        "symmetric_total": lay["symmetric_total"],
+        "local_total": local,
+    }
+
+
+def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
+    """(tokens per block, blocks) of the dispatch-receive kernel: at most one block per SM."""
+    tokens = spec.num_groups * spec.max_num_tokens
+    chunk = min(1024, 32 * -(-tokens // (32 * num_sms)))
+    nchunks = -(-tokens // chunk)
+    if nchunks > num_sms:
+        raise ValueError(
+            f"num_groups*max_num_tokens={tokens} exceeds {num_sms * 1024} (1024 per SM) for the nvshmem backend"
+        )
+    return chunk, nchunks
+
+
+# ---------------------------------------------------------------------------------------
+# Bootstrap
+_lock = threading.RLock()
+_init: dict[str, Any] = {}  # ranks (global ranks in PE order), method, nvlink cache
+
+
+def ops():
+    from .. import _C  # noqa: F401  (registers torch.ops.moe_backend)
+
+    return torch.ops.moe_backend
+
+
+def _global_ranks(group: dist.ProcessGroup | None) -> list[int]:
+    if group is None:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
+
+
+def _set_env_defaults(group: dist.ProcessGroup | None) -> None:
+    """NVSHMEM env defaults, only where the user set nothing: single node => P2P only."""
+    if "NVSHMEM_REMOTE_TRANSPORT" in os.environ:
+        return
+    hosts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if len(set(hosts)) == 1:
+        os.environ["NVSHMEM_REMOTE_TRANSPORT"] = "none"
+
+
+def ensure_initialised(group: dist.ProcessGroup | None, device: torch.device) -> list[int]:
+    """Initialise NVSHMEM once (collective over `group` the first time); return PE of each group rank."""
+    with _lock:
+        ranks = _global_ranks(group)
+        if "ranks" not in _init:
+            _set_env_defaults(group)
+            torch.cuda.set_device(device)
+            o = ops()
+            rank, n = dist.get_rank(group), len(ranks)
+            method = os.environ.get("MOE_BACKEND_NVSHMEM_BOOTSTRAP", "nvshmem4py")
+            if method == "nvshmem4py":
+                try:
+                    import nvshmem.core as nvshmem_core
+
+                    try:
+                        from cuda.core import Device
+                    except ImportError:
+                        from cuda.core.experimental import Device
+                except ImportError:
+                    method = "native"
+            if method == "nvshmem4py":
+                uid = nvshmem_core.get_unique_id(empty=rank != 0)
+                box = [uid]
+                dist.broadcast_object_list(box, src=ranks[0], group=group)
+                dev = Device(device.index)
+                dev.set_current()
+                nvshmem_core.init(device=dev, uid=box[0], rank=rank, nranks=n, initializer_method="uid")
+                o.register_module()  # registers this module's device state with the running host lib
+            else:
+                uid = o.get_uid() if rank == 0 else None
+                box = [None if uid is None else bytes(uid.tolist())]
+                dist.broadcast_object_list(box, src=ranks[0], group=group)
+                o.init_uid(torch.tensor(list(box[0]), dtype=torch.uint8), rank, n)
+            if o.n_pes() != n:
+                raise RuntimeError(f"NVSHMEM started with {o.n_pes()} PEs, expected {n}")
+            _init.update(ranks=ranks, method=method, sms=int(o.num_sms(device.index)))
+        base = _init["ranks"]
+        missing = [r for r in ranks if r not in base]
+        if missing:
+            raise RuntimeError(
+                f"NVSHMEM was initialised over global ranks {base}; ranks {missing} are not in it "
+                "(create the first nvshmem communicator on the largest group)"
+            )
+        return [base.index(r) for r in ranks]
+
+
+# ---------------------------------------------------------------------------------------
+# Arena
+class Arena:
+    """Symmetric + local buffers and the kernels' context for one (spec, transport)."""
+
+    def __init__(self, key, spec: CommSpec, transport: str, timeout_s: float, pes: list[int], rank: int,
+                 device: torch.device):
+        o = ops()
+        self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
+        self.layout = layout(spec, transport)
+        self.sym = int(o.sym_malloc(self.layout["symmetric_total"]))  # collective
+        peers = [int(o.peer_ptr(self.sym, pe)) for pe in pes]
+        if transport == "nvlink" and not all(peers):
+            o.sym_free(self.sym)
+            raise RuntimeError("transport 'nvlink' needs every peer reachable by nvshmem_ptr (P2P); use 'put'")
+        sms = _init["sms"]
+        self.chunk, self.nchunks = chunking(spec, sms)
+        L = spec.num_local_experts
+        self.state = torch.zeros(8, dtype=torch.int64, device=device)
+        self.cnt = torch.zeros(self.nchunks * L, dtype=torch.int32, device=device)
+        self.base = torch.zeros(self.nchunks * L, dtype=torch.int32, device=device)
+        self.rowmap = torch.full((spec.num_groups * spec.max_num_tokens * spec.topk,), -1, dtype=torch.int32,
+                                 device=device)
+        self.err = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+        s = row_sizes(spec)
+        out_code = _DTYPE_CODE[spec.out_dtype]
+        lay = self.layout
+        cfg = [
+            spec.world_size, spec.num_groups, spec.tp_size, rank,
+            spec.num_experts, L, spec.topk, spec.hidden, spec.max_num_tokens,
+            s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
+            out_code, _DTYPE_CODE[spec.transfer_dtype],
+            self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
+            int(timeout_s * 1e9),
+            self.sym,
+            lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
+            lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],
+            self.state.data_ptr(), self.cnt.data_ptr(), self.base.data_ptr(), self.rowmap.data_ptr(),
+            self.err.data_ptr(),
+            *pes, *peers,
+        ]
+        self.ctx = int(o.create_ctx(cfg))
+        _CTX[self.ctx] = self
+        self.refs = 0
+        self.owner: Any = None
+        self.broken: str | None = None
+        torch.cuda.synchronize(device)
+
+    # -- errors ----------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise if a kernel recorded a timeout (reads pinned host memory: no device sync)."""
+        if self.broken is None and int(self.err[0]) != 0:
+            phase, peer, rnd = (int(v) for v in self.err[1:4].tolist())
+            who = f"rank {peer}" if peer >= 0 else "the other blocks of the kernel"
+            self.broken = (
+                f"nvshmem backend: {PHASES.get(phase, phase)} timed out after {self.timeout_s} s waiting for "
+                f"{who} (round {rnd}); did every rank call the same sequence of dispatch/combine? "
+                "This arena is unusable; close the communicator and create a new one."
+            )
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    def claim(self, owner: Any) -> None:
+        if self.owner is not None and self.owner is not owner:
+            raise RuntimeError(
+                "another communicator with the same spec is between its dispatch and combine; communicators "
+                "sharing buffers must not interleave rounds"
+            )
+        self.owner = owner
+
+    def free(self) -> None:
+        o = ops()
+        _CTX.pop(self.ctx, None)
+        o.sym_free(self.sym)  # collective
+        o.destroy_ctx(self.ctx)
+        self.ctx = 0
+
+
+_CTX: dict[int, Arena] = {}
+_ARENAS: dict[Any, Arena] = {}
+
+
+def nvlink_reachable(pes: list[int]) -> bool:
+    """Whether every PE's symmetric memory is load/store reachable (nvshmem_ptr non-null)."""
+    key = tuple(pes)
+    cache = _init.setdefault("nvlink", {})
+    if key not in cache:
+        o = ops()
+        probe = _init.get("probe")
+        if probe is None:
+            probe = _init["probe"] = int(o.sym_malloc(256))  # collective, once per process
+        cache[key] = all(int(o.peer_ptr(probe, pe)) for pe in pes)
+    return cache[key]
+
+
+def acquire(spec: CommSpec, transport: str, timeout_s: float, group: dist.ProcessGroup | None,
+            device: torch.device) -> Arena:
+    """The shared arena for this key, allocating it (collectively) the first time."""
+    with _lock:
+        pes = ensure_initialised(group, device)
+        if transport == "auto":
+            transport = "nvlink" if nvlink_reachable(pes) else "put"
+        key = (spec, transport, float(timeout_s), tuple(_global_ranks(group)), str(device))
+        arena = _ARENAS.get(key)
+        if arena is None or arena.broken is not None:
+            arena = Arena(key, spec, transport, timeout_s, pes, dist.get_rank(group), device)
+            _ARENAS[key] = arena
+        arena.refs += 1
+        return arena
+
+
+def release(arena: Arena) -> None:
+    """Drop one user; the last one frees the arena (collective: same order on every rank)."""
+    with _lock:
+        arena.refs -= 1
+        if arena.refs <= 0 and arena.ctx:
+            if _ARENAS.get(arena.key) is arena:
+                del _ARENAS[arena.key]
+            arena.free()
+
+
+def shutdown() -> None:
+    """Free every arena and finalise NVSHMEM (collective; call on every rank, or never)."""
+    with _lock:
+        for arena in list(_ARENAS.values()):
+            arena.free()
+        _ARENAS.clear()
+        if "ranks" in _init:
+            o = ops()
+            if "probe" in _init:
+                o.sym_free(_init.pop("probe"))
+            if _init.get("method") == "nvshmem4py":
+                import nvshmem.core as nvshmem_core
+
+                nvshmem_core.finalize()
+            _init.clear()
+
+
+def arena_for_ctx(ctx: int) -> Arena:
+    return _CTX[ctx]
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPE_CODE[dtype]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# THE GPU check: install carried wheels, build moe_backend._C in place, run the GPU tests,
+# then the benchmarks. Logs and JSON go to the folder given as $1 (else $OUT, else
+# /tmp/moe_gpu_check). Run from anywhere; needs 2 GPUs for the tests to do anything.
+#   scripts/gpu_check.sh [OUT_DIR]
+set -uo pipefail
+out=${1:-${OUT:-/tmp/moe_gpu_check}}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpus.txt" 2>&1
+t0=$(date +%s)
+MAX_JOBS=${MAX_JOBS:-8} python3 setup.py build_ext --inplace > "$out/build.log" 2>&1
+brc=$?
+echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
+[ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
+python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1 | tee "$out/import.log"
+python3 -m pytest -m gpu tests/gpu -q -s -rA 2>&1 | tee "$out/pytest.log"
+rc=${PIPESTATUS[0]}
+python3 tests/gpu/bench_nvshmem.py --out "$out/bench_nvshmem.json" 2>&1 | tee "$out/bench_nvshmem.log"
+if [ -f moe_backend/cli.py ]; then
+  python3 -m moe_backend.cli bench --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
+fi
+echo "gpu_check: pytest rc=$rc"
+exit $rc

@@ -1,0 +1,197 @@
+"""Per-rank bodies of the GPU tests (importable by spawned processes)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.distributed as dist
+
+from moe_backend.communicator import Communicator
+from moe_backend.spec import FP8, CommSpec
+from moe_backend.testing import (
+    NUM_TOKENS_MODES,
+    ROUTINGS,
+    Case,
+    bitwise_equal,
+    expert_fn,
+    make_inputs,
+    oracle_combine,
+    oracle_dispatch,
+    run_case,
+)
+
+DTYPES_IN = (torch.bfloat16, torch.float16, torch.float32, FP8)
+DTYPES_OUT = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        tp = rng.choice([1, 1, 2])
+        L = rng.choice([1, 2, 3, 4, 8, 16])
+        E = L * world
+        topk = rng.randint(1, min(E, 8))
+        hidden = rng.choice([8, 36, 64, 128, 200, 256, 1000])
+        in_dtype = DTYPES_IN[i % 4]
+        block = None
+        if in_dtype == FP8:
+            block = rng.choice([d for d in (4, 8, 12, 16, 32, 64, 128) if hidden % d == 0] or [hidden])
+        spec = CommSpec(
+            num_experts=E, topk=topk, hidden=hidden, max_num_tokens=rng.randint(1, 48), world_size=world,
+            tp_size=tp, in_dtype=in_dtype, out_dtype=rng.choice(DTYPES_OUT), scale_block_size=block,
+            combine_in_float32=rng.random() < 0.4,
+        )
+        cases.append(Case(spec, routing=ROUTINGS[i % len(ROUTINGS)], seed=seed * 1000 + i,
+                          weighted=rng.random() < 0.6, num_tokens_mode=NUM_TOKENS_MODES[(i // 4) % 3]))
+    # DeepSeek-like shape once: 256 experts, top-8, hidden 7168, fp8 + 128-blocks and bf16.
+    cases.append(Case(CommSpec(256, 8, 7168, 64, world, in_dtype=FP8, scale_block_size=128), "uniform",
+                      seed * 1000 + 998, True, "tensor"))
+    cases.append(Case(CommSpec(256, 8, 7168, 64, world), "skewed", seed * 1000 + 999, False, "int"))
+    return cases
+
+
+def contract_worker(seed: int, count: int, transports: tuple[str, ...]) -> None:
+    rank = dist.get_rank()
+    for transport in transports:
+        for case in random_cases(seed, count):
+            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
+            try:
+                run_case(comm, case)
+                if rank == 0 and case.spec.hidden == 7168:
+                    print(f"[{transport}] ok {case.describe()}", flush=True)
+            except Exception as err:
+                raise AssertionError(f"[{transport}] {case.describe()}: {err}") from err
+            finally:
+                comm.close()
+            # The reference on NCCL, same case: both equal the oracle, hence each other.
+            run_case(Communicator(case.spec, backend="reference"), case)
+    if rank == 0:
+        print(f"contract: {2 * len(transports) * (count + 2)} cases ok, seed={seed}", flush=True)
+
+
+def rounds_worker(seed: int, transport: str, rounds: int) -> None:
+    spec = CommSpec(16, 4, 512, 40, 2, combine_in_float32=False)
+    a = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False)
+    b = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False)
+    assert a.backend.arena is b.backend.arena, "communicators with one spec must share the arena"
+    for i in range(rounds):
+        comm = a if i % 3 else b
+        run_case(comm, Case(spec, ROUTINGS[i % 4], seed * 7919 + i, i % 2 == 0, NUM_TOKENS_MODES[i % 3]))
+    # Split phases with other GPU work in between, and the interleaving guard.
+    case = Case(spec, "uniform", seed, True, "tensor")
+    g = make_inputs(case)[dist.get_rank()]
+    dev = a.device
+    recv = a.dispatch_send(g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev), None, g.num_tokens)
+    try:
+        b.dispatch_send(g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev), None, g.num_tokens)
+        raise AssertionError("interleaved rounds on a shared arena were not rejected")
+    except RuntimeError as err:
+        assert "interleave" in str(err), err
+    _ = torch.randn(256, 256, device=dev) @ torch.randn(256, 256, device=dev)
+    res = recv.recv()
+    y = torch.zeros(res.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev)
+    a.combine_send(y, res.handle, res.weights).recv()
+    a.backend.check_error()
+    torch.cuda.synchronize()
+    a.close()
+    b.close()
+
+
+def graph_worker(seed: int, transport: str, replays: int) -> None:
+    rank = dist.get_rank()
+    spec = CommSpec(8, 3, 256, 32, 2, in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    comm = Communicator(spec, backend="nvshmem", transport=transport)
+    dev, M, L = comm.device, spec.max_num_tokens, spec.num_local_experts
+    x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)
+    ids = torch.full((M, spec.topk), -1, dtype=torch.int32, device=dev)
+    w = torch.zeros(M, spec.topk, dtype=torch.float32, device=dev)
+    n = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def load(case: Case):
+        groups = make_inputs(case)
+        mine = groups[rank // spec.tp_size]
+        rows = mine.x.shape[0]
+        x.zero_()
+        x[:rows].copy_(mine.x)
+        ids.fill_(-1)
+        ids[:rows].copy_(mine.topk_ids)
+        w.zero_()
+        w[:rows].copy_(mine.topk_weights)
+        n.fill_(mine.num_tokens)
+        return groups
+
+    def step():
+        res = comm.dispatch(x, ids, w, None, n)
+        rows = torch.arange(res.tokens.shape[0], device=dev)
+        local = torch.searchsorted(res.expert_offsets[1:], rows, right=True).clamp(max=L - 1)
+        y = expert_fn(res.tokens, local + rank * L, spec.out_dtype)
+        out = comm.combine(y, res.handle, weights=res.weights)
+        return res, out
+
+    def check(res, out, groups, case):
+        want = oracle_dispatch(spec, groups, rank)
+        total = int(want.tokens_per_expert.sum())
+        assert bitwise_equal(res.tokens_per_expert.cpu(), want.tokens_per_expert), case.describe()
+        assert bitwise_equal(res.tokens[:total].cpu(), want.tokens), case.describe()
+        assert bitwise_equal(res.weights[:total].cpu(), want.weights), case.describe()
+        for name in ("src_group", "src_token", "src_k"):
+            assert bitwise_equal(getattr(res.handle, name)[:total].cpu(), getattr(want, name)), name
+        want_out = oracle_combine(spec, groups, rank // spec.tp_size, True)
+        rows = want_out.shape[0]
+        assert bitwise_equal(out[:rows].cpu(), want_out), f"graph combine differs [{case.describe()}]"
+        assert not out[rows:].any(), "rows past the input must be zero"
+
+    case0 = Case(spec, "uniform", seed, True, "tensor")
+    groups = load(case0)
+    res, out = step()
+    torch.cuda.synchronize()
+    check(res, out, groups, case0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res, out = step()
+    for i in range(replays):
+        case = Case(spec, ROUTINGS[i % 4], seed + 100 + i, True, "tensor")
+        groups = load(case)
+        graph.replay()
+        torch.cuda.synchronize()
+        comm.backend.check_error()
+        check(res, out, groups, case)
+    del graph
+    torch.cuda.synchronize()
+    comm.close()
+
+
+def timeout_worker(transport: str) -> None:
+    rank = dist.get_rank()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    # Dispatch: rank 1 never sends; rank 0's receive must raise naming the phase and rank 1.
+    spec = CommSpec(8, 2, 64, 16, 2)
+    comm = Communicator(spec, backend="nvshmem", transport=transport, timeout_s=0.5, sync_check=True)
+    g = make_inputs(Case(spec, "uniform", 1))[rank]
+    if rank == 0:
+        try:
+            comm.dispatch(g.x.to(dev), g.topk_ids.to(dev), None, None, g.num_tokens)
+            raise AssertionError("dispatch did not time out")
+        except RuntimeError as err:
+            msg = str(err)
+            assert "dispatch_recv" in msg and "rank 1" in msg, msg
+            print(f"rank 0 got: {msg}", flush=True)
+    dist.barrier()
+    # Combine: both dispatch, rank 1 skips combine; rank 0's combine receive must raise.
+    spec2 = CommSpec(8, 2, 32, 16, 2)
+    comm2 = Communicator(spec2, backend="nvshmem", transport=transport, timeout_s=0.5, sync_check=True)
+    g = make_inputs(Case(spec2, "uniform", 2))[rank]
+    res = comm2.dispatch(g.x.to(dev), g.topk_ids.to(dev), None, None, g.x.shape[0])
+    if rank == 0:
+        y = torch.zeros(res.tokens.shape[0], spec2.hidden, dtype=spec2.out_dtype, device=dev)
+        try:
+            comm2.combine(y, res.handle)
+            raise AssertionError("combine did not time out")
+        except RuntimeError as err:
+            msg = str(err)
+            assert "combine_recv" in msg and "rank 1" in msg, msg
+            print(f"rank 0 got: {msg}", flush=True)
+    torch.cuda.synchronize()
+    dist.barrier()
