@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tp-size", type=int, nargs="+", default=[1, 2])
     s.add_argument("--seed", type=int, help="input seed (default: fresh)")
     s.set_defaults(fn=cmd_selftest)
+    from .training.cli import add_train_bench_parser, add_train_parser  # lazy: megatron is optional
+    add_train_parser(sub), add_train_bench_parser(sub)
     return parser
 
 

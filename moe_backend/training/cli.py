@@ -1,0 +1,100 @@
+"""`moe-backend train` and `moe-backend train-bench` (parsers and launch).
+
+Both start their own local processes (gloo on CPU, NCCL with a GPU per rank), or use
+torchrun's ranks when run under torchrun (as the Slurm launcher does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+from ..launch import init_process_group, spawn, under_torchrun
+from ..train_config import DISPATCHERS, TrainConfig, load_train, resolve_train_config
+from . import report
+
+
+def dist_backend(local_world: int) -> str:
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
+
+
+def load_with_overrides(args: argparse.Namespace) -> TrainConfig:
+    cfg = load_train(resolve_train_config(args.config))
+    for key, value in (("dispatcher", getattr(args, "dispatcher", None)),):
+        if value is not None:
+            setattr(cfg, key, value)
+    if args.steps is not None:
+        cfg.train.steps = args.steps
+        cfg.train.timing_warmup = min(cfg.train.timing_warmup, max(0, args.steps - 1))
+    if args.world_size is not None:
+        cfg.parallel.world_size = args.world_size
+    if under_torchrun():
+        cfg.parallel.world_size = int(os.environ["WORLD_SIZE"])
+    try:
+        cfg.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{args.config} (with command-line overrides): {err}") from None
+    return cfg
+
+
+def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool) -> None:
+    from .loop import train_rank
+
+    result = train_rank(cfg, out_dir, progress)
+    if result is not None and progress:
+        report.say(report.summary_line(result))
+
+
+def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
+    """Run `fn(cfg, *args)` on every rank: torchrun's, or `world_size` local processes."""
+    if under_torchrun():
+        init_process_group(dist_backend(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))))
+        try:
+            fn(cfg, *args)
+        finally:
+            dist.destroy_process_group()
+        return
+    world = cfg.parallel.world_size
+    backend = dist_backend(world)
+    report.say(f"starting {world} local processes ({backend})")
+    spawn(fn, world, cfg, *args, dist_backend=backend, timeout=3600)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = load_with_overrides(args)
+    out = args.out or cfg.output.dir
+    run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress)
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="tiny", help="name in configs/train or a YAML path (default: tiny)")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--world-size", type=int, help="local processes to start (ignored under torchrun)")
+
+
+def add_train_parser(subparsers: Any) -> None:
+    t = subparsers.add_parser("train", help="train a Megatron-core GPT MoE model on mock data")
+    _common(t)
+    t.add_argument("--dispatcher", choices=DISPATCHERS, help="override the config's dispatcher")
+    t.add_argument("--out", help="folder for train_log.json / train_log.csv (default: the config's output.dir)")
+    t.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    t.set_defaults(fn=cmd_train)
+
+
+def add_train_bench_parser(subparsers: Any) -> None:
+    from .bench import cmd_train_bench
+
+    b = subparsers.add_parser("train-bench", help="step time of one model with each available dispatcher")
+    _common(b)
+    b.add_argument("--dispatchers", nargs="+", choices=DISPATCHERS[1:],
+                   help="dispatchers to compare (default: every one available here)")
+    b.add_argument("--out", default="out/train_bench", help="folder for table.txt, bench.json, bench.png")
+    b.add_argument("--loss-rtol", type=float, default=0.02,
+                   help="loss curves must agree within this relative tolerance (default 2%%)")
+    b.set_defaults(fn=cmd_train_bench)

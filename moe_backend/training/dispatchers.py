@@ -1,0 +1,88 @@
+"""Dispatcher selection by name, for the training path.
+
+`alltoall`, `allgather`, `flex` are megatron-core's own dispatchers (chosen through
+`TransformerConfig.moe_token_dispatcher_type`). `reference` and `nvshmem` are ours, from
+`integration.megatron`; this module is the only place the trainer touches that package,
+so a change in its API is absorbed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+from ..config import ConfigError
+
+MEGATRON_BUILTIN = ("alltoall", "allgather", "flex")
+OURS = ("reference", "nvshmem")
+
+
+def nvshmem_ready() -> tuple[bool, str]:
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    from ..backends import nvshmem_available
+
+    return nvshmem_available()
+
+
+def resolve(name: str, on_gpu: bool) -> str:
+    """`auto` -> `nvshmem` where the kernels can run, else `reference`."""
+    if name != "auto":
+        return name
+    return "nvshmem" if on_gpu and nvshmem_ready()[0] else "reference"
+
+
+def _integration() -> Any:
+    try:
+        return importlib.import_module("integration.megatron")
+    except ImportError as err:
+        raise ConfigError(f"dispatcher: ours needs integration.megatron, which does not import: {err}") from None
+
+
+def megatron_type(name: str) -> str:
+    """The `moe_token_dispatcher_type` saved in the config: a stock value for ours (their
+    layer builds its own dispatcher), so checkpoints load without this package."""
+    return name if name in MEGATRON_BUILTIN else "alltoall"
+
+
+def available(on_gpu: bool) -> dict[str, str]:
+    """Dispatchers that can run here -> '' if usable, else why not."""
+    out: dict[str, str] = {}
+    for name in OURS + MEGATRON_BUILTIN:
+        if not on_gpu and name != "reference":
+            out[name] = "needs CUDA"
+        elif name == "nvshmem":
+            ok, why = nvshmem_ready()
+            out[name] = "" if ok else why
+        elif name == "flex":
+            out[name] = _flex_missing()
+        elif name in OURS:
+            try:
+                _integration()
+                out[name] = ""
+            except ConfigError as err:
+                out[name] = str(err)
+        else:
+            out[name] = ""
+    return out
+
+
+def _flex_missing() -> str:
+    """flex needs one of DeepEP / HybridEP (their Python packages)."""
+    for pkg in ("deep_ep", "hybrid_ep"):
+        if importlib.util.find_spec(pkg) is not None:
+            return ""
+    return "needs DeepEP or HybridEP (not installed)"
+
+
+def with_dispatcher(spec: Any, name: str) -> Any:
+    """The layer spec with our dispatcher's MoE layer (`integration.megatron.use_backend_dispatcher`).
+
+    Megatron's own names return `spec` unchanged (the config's dispatcher type selects them).
+    """
+    if name in MEGATRON_BUILTIN:
+        return spec
+    mod = _integration()
+    return mod.use_backend_dispatcher(spec, mod.select_dispatcher(name))
