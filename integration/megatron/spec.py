@@ -1,0 +1,23 @@
+"""Ready-made layer spec for `pretrain_gpt.py --spec integration.megatron.spec gpt_layer_spec`.
+
+Chosen by environment variables (read at import): MOE_BACKEND_DISPATCHER (nvshmem |
+reference | alltoall | allgather | flex; default nvshmem), MOE_BACKEND_GROUPED_GEMM (0/1),
+MOE_BACKEND_HOST_TOKENS_PER_EXPERT (1/0). Keep Megatron's `--moe-token-dispatcher-type`
+at a stock value (e.g. alltoall): checkpoints then load without this package.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .layer import OUR_DISPATCHERS, gpt_layer_spec as _gpt_layer_spec, select_dispatcher
+
+_name = os.environ.get("MOE_BACKEND_DISPATCHER", "nvshmem")
+_options = (
+    select_dispatcher(_name, host_tokens_per_expert=os.environ.get("MOE_BACKEND_HOST_TOKENS_PER_EXPERT", "1") == "1")
+    if _name in OUR_DISPATCHERS
+    else None
+)
+gpt_layer_spec = _gpt_layer_spec(
+    _name, moe_grouped_gemm=os.environ.get("MOE_BACKEND_GROUPED_GEMM", "0") == "1", options=_options
+)
