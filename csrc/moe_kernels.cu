@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(NTHREADS) dispatch_send_kernel(Params p, const
     }
   }
 
-  const int gwarp = blockIdx.x * NWARPS + warp;
+  const int gwarp = warp * gridDim.x + blockIdx.x;  // consecutive tokens on different SMs
   const int nwarps = gridDim.x * NWARPS;
   const int aligned_row = (p.row_bytes + 15) & ~15;
   for (int i = gwarp;; i += nwarps) {
@@ -342,15 +342,21 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   __syncthreads();
   if (sh_last) {
     __threadfence();
+    // Column sums per expert in parallel; bases relative to the expert's offset.
+    for (int e = tid; e < L; e += blockDim.x) {
+      int col = 0;
+      for (int cc = 0; cc < (int)gridDim.x; ++cc) {
+        int v = __ldcg(&p.cnt[(long long)cc * L + e]);
+        __stcg(&p.base[(long long)cc * L + e], col);
+        col += v;
+      }
+      bs[e] = col;
+    }
+    __syncthreads();
     if (tid == 0) {
       long long run = 0;
       for (int e = 0; e < L; ++e) {
-        int col = 0;
-        for (int cc = 0; cc < gridDim.x; ++cc) {
-          int v = __ldcg(&p.cnt[(long long)cc * L + e]);
-          __stcg(&p.base[(long long)cc * L + e], (int)run + col);
-          col += v;
-        }
+        int col = bs[e];
         tpe[e] = col;
         offs[e] = run;
         run += col;
@@ -370,7 +376,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-  for (int e = tid; e < L; e += blockDim.x) bs[e] = __ldcg(&p.base[(long long)c * L + e]);
+  for (int e = tid; e < L; e += blockDim.x) bs[e] = __ldcg(&p.base[(long long)c * L + e]) + (int)__ldcg(&offs[e]);
   __syncthreads();
 
   // Phase 2: rows, metadata and the combine row map, one thread per token.
@@ -398,30 +404,30 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   __syncthreads();
 
-  // Phase 3: payload copies, one warp per token.
+}
+
+// Dispatch receive, part 2: payload copies, one warp per received (token, k) row, spread
+// over the whole GPU; each waits for its token's flag first.
+__global__ void __launch_bounds__(NTHREADS) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
+                                                                 float* __restrict__ scales) {
+  const unsigned long long round = p.state[0] + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int topk = p.topk, M = p.M;
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  for (int i = warp; i < CH; i += nw) {
-    const long long uu = (long long)c * CH + i;
-    if (uu >= (long long)G * M) break;
+  const long long items = (long long)p.G * M * topk;
+  for (long long it = (long long)warp * gridDim.x + blockIdx.x; it < items; it += (long long)gridDim.x * NWARPS) {
+    const int row = p.rowmap[it];
+    if (row < 0) continue;
+    const long long uu = it / topk;
     const int gg = (int)(uu / M), tt = (int)(uu % M);
-    if (tt >= sh_n[gg]) continue;
-    const int* rm = p.rowmap + uu * topk;
-    int myrow = lane < topk ? rm[lane] : -1;
-    unsigned any = __ballot_sync(0xffffffffu, myrow >= 0);
-    for (int k = 32 + lane; k < topk; k += 32) any |= (rm[k] >= 0);
-    if (!__any_sync(0xffffffffu, any != 0)) continue;
     if (lane == 0)
       wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
     __syncwarp();
     const char* src = p.sym + p.off_disp + uu * p.slot_bytes;
-    for (int k = 0; k < topk; ++k) {
-      int row = rm[k];
-      if (row < 0) continue;
-      warp_copy(tokens + (long long)row * p.row_bytes, src, p.row_bytes, lane);
-      if (p.scale_bytes)
-        warp_copy(reinterpret_cast<char*>(scales) + (long long)row * p.scale_bytes, src + aligned_row, p.scale_bytes,
-                  lane);
-    }
+    warp_copy(tokens + (long long)row * p.row_bytes, src, p.row_bytes, lane);
+    if (p.scale_bytes)
+      warp_copy(reinterpret_cast<char*>(scales) + (long long)row * p.scale_bytes, src + aligned_row, p.scale_bytes,
+                lane);
   }
 }
 
@@ -484,7 +490,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const 
   if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
 
   const long long total = (long long)p.G * M;
-  for (long long u = (long long)blockIdx.x * NWARPS + warp; u < total; u += (long long)gridDim.x * NWARPS) {
+  for (long long u = (long long)warp * gridDim.x + blockIdx.x; u < total; u += (long long)gridDim.x * NWARPS) {
     const int* rm = p.rowmap + u * topk;
     int nk = 0;
     for (int k0 = 0; k0 < topk; k0 += 32) {
@@ -559,7 +565,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
 
-  for (int t = blockIdx.x * NWARPS + warp; t < rows; t += gridDim.x * NWARPS) {
+  for (int t = warp * gridDim.x + blockIdx.x; t < rows; t += gridDim.x * NWARPS) {
     unsigned long long mask = 0;
     if (t < n) {
       for (int k = lane; k < topk; k += 32) {
@@ -646,7 +652,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(2 * p.num_sms, (per_replica + NWARPS - 1) / NWARPS));
+  int blocks = std::max(1, std::min(p.num_sms, per_replica));
   auto args = std::make_tuple(reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(),
                               w ? w->data_ptr<float>() : nullptr, scale ? scale->data_ptr<float>() : nullptr,
                               ntok ? ntok->data_ptr<int>() : nullptr);
@@ -681,18 +687,23 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
     CUDA_OK(cudaFuncSetAttribute(dispatch_recv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     attr_set = true;
   }
-  int threads = std::max(p.chunk, 256);
+  int threads = std::max(p.chunk, 256);  // phase-1 masks need one thread per token
   dispatch_recv_kernel<<<p.nchunks, threads, smem, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(), weighted ? weights.data_ptr<float>() : nullptr,
       tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(), sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(),
       weighted ? 1 : 0);
+  CUDA_OK(cudaGetLastError());
+  const long long items = (long long)p.G * p.M * p.topk;
+  int cblocks = (int)std::max(1LL, std::min<long long>(2LL * p.num_sms, (items + NWARPS - 1) / NWARPS));
+  dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(p, reinterpret_cast<char*>(tokens.data_ptr()),
+                                                         scales.data_ptr<float>());
   CUDA_OK(cudaGetLastError());
   return {tokens, scales, weights, tpe, offs, sg, st, sk};
 }
 
 template <bool NVL, typename TY, typename TX>
 static void launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
-  int blocks = std::max(1, std::min(2 * p.num_sms, (p.G * p.M + NWARPS - 1) / NWARPS));
+  int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   if (p.H % 8 == 0)
     combine_send_kernel<NVL, TY, TX, 8><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
   else
@@ -726,7 +737,7 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
 template <typename TX, typename TO>
 static void launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
                                 cudaStream_t s) {
-  int blocks = std::max(1, std::min(2 * p.num_sms, (p.M + NWARPS - 1) / NWARPS));
+  int blocks = std::max(1, std::min(p.num_sms, p.M));
   if (p.H % 8 == 0)
     combine_recv_kernel<TX, TO, 8><<<blocks, NTHREADS, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
   else

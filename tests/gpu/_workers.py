@@ -183,7 +183,7 @@ def timeout_worker(transport: str) -> None:
     spec2 = CommSpec(8, 2, 32, 16, 2)
     comm2 = Communicator(spec2, backend="nvshmem", transport=transport, timeout_s=0.5, sync_check=True)
     g = make_inputs(Case(spec2, "uniform", 2))[rank]
-    res = comm2.dispatch(g.x.to(dev), g.topk_ids.to(dev), None, None, g.x.shape[0])
+    res = comm2.dispatch(g.x.to(dev), g.topk_ids.to(dev), None, None, g.num_tokens)
     if rank == 0:
         y = torch.zeros(res.tokens.shape[0], spec2.hidden, dtype=spec2.out_dtype, device=dev)
         try:
