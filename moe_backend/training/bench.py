@@ -37,8 +37,10 @@ def candidates(requested: list[str] | None, on_gpu: bool) -> tuple[list[str], di
 
 
 def _bench_body(cfg: TrainConfig, names: list[str], skipped: dict[str, str], out: str, rtol: float) -> None:
+    from .cli import quiet_megatron_warnings
     from .loop import train_rank
 
+    quiet_megatron_warnings()
     rank0 = dist.get_rank() == 0
     runs: dict[str, Any] = {}
     for name in names:

@@ -42,7 +42,15 @@ def load_with_overrides(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def quiet_megatron_warnings() -> None:
+    """Megatron warns at import about optional fused kernels (Apex, TE) we do not use."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+
+
 def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool) -> None:
+    quiet_megatron_warnings()
     from .loop import train_rank
 
     result = train_rank(cfg, out_dir, progress)

@@ -86,3 +86,12 @@ def with_dispatcher(spec: Any, name: str) -> Any:
         return spec
     mod = _integration()
     return mod.use_backend_dispatcher(spec, mod.select_dispatcher(name))
+
+
+def release() -> None:
+    """Drop our cached communicators (their process groups die with the model-parallel state)."""
+    import sys
+
+    mod = sys.modules.get("integration.megatron")
+    if mod is not None and hasattr(mod, "clear_cache"):
+        mod.clear_cache()

@@ -77,6 +77,7 @@ def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True) -> 
             report.say(log.header())
         _steps(cfg, model, layers, opt, timer, log, device, progress and rank0, ps.get_data_parallel_rank())
     finally:
+        dispatchers.release()
         ps.destroy_model_parallel()
     if not rank0:
         return None

@@ -137,6 +137,10 @@ def build_gpt(cfg: TrainConfig, tconfig: Any, spec: Any, device: torch.device) -
     with torch.no_grad():
         for param in expert_params(model):
             param.copy_(torch.randn(param.shape, generator=gen) * m.init_method_std)
+    if cfg.train.precision == "bf16":
+        # As Megatron's Float16Module: every weight in bf16 (some modules, e.g. torch norms,
+        # ignore params_dtype); fp32 master copies live in the optimizer.
+        model = model.bfloat16()
     return model.to(device)
 
 

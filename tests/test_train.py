@@ -1,0 +1,119 @@
+"""End-to-end training on CPU (2 gloo processes, reference dispatcher), the step-time
+benchmark's bookkeeping, and the Slurm launcher's NVSHMEM presets."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_backend.training import bench, timing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "moe_backend.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_tiny_trains_on_cpu_with_reference(tmp_path: Path) -> None:
+    run = _cli("train", "--config", "tiny", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "train_log.json").read_text())
+    assert result["dispatcher"] == "reference"  # `auto` on CPU
+    steps = result["steps"]
+    assert len(steps) == 40
+    losses = [s["loss"] for s in steps]
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.75 * first, f"loss did not decrease enough: {first:.3f} -> {last:.3f}"
+    for s in steps:
+        assert s["time_s"] > 0 and s["tokens_per_s"] > 0
+        assert s["dispatch_fwd_ms"] > 0 and s["combine_fwd_ms"] > 0  # both phases were timed
+        assert s["dispatch_bwd_ms"] > 0 and s["combine_bwd_ms"] > 0
+        assert s["dispatch_ms"] < s["time_s"] * 1e3
+        assert 0.5 < s["aux_loss"] < 2.0  # load-balancing loss is ~1 when balanced
+    rows = list(csv.DictReader((tmp_path / "train_log.csv").open()))
+    assert len(rows) == 40 and float(rows[-1]["loss"]) == pytest.approx(losses[-1])
+    assert "step   40/40" in run.stdout and "done tiny (reference)" in run.stdout
+
+
+def test_bad_config_exits_with_explanation(tmp_path: Path) -> None:
+    run = _cli("train", "--config", "tiny", "--world-size", "3", timeout=120)
+    assert run.returncode == 2
+    assert "parallel.tp" in run.stderr or "parallel.ep: world_size=3 is not divisible" in run.stderr
+
+
+def test_train_bench_on_cpu_writes_table_json_png(tmp_path: Path) -> None:
+    run = _cli("train-bench", "--config", "tiny", "--steps", "6", "--out", str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert list(result["runs"]) == ["reference"]
+    assert result["agreement"]["reference"]["agrees"]
+    assert set(result["skipped"]) == {"nvshmem", "alltoall", "allgather", "flex"}  # need CUDA
+    table = (tmp_path / "table.txt").read_text()
+    assert "reference" in table and "skipped: needs CUDA" in table
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert result["png"] is None and "matplotlib" in result["png_missing_because"]
+    else:
+        assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _run(losses: list[float]) -> dict:
+    steps = [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]
+    summary = {"median_step_ms": 10.0, "median_tokens_per_s": 1e5, "median_dispatch_ms": 1.0,
+               "median_combine_ms": 1.0, "final_loss": losses[-1]}
+    return {"steps": steps, "summary": summary}
+
+
+def test_loss_agreement_flags_a_diverging_dispatcher() -> None:
+    runs = {"nvshmem": _run([5.0, 4.0, 3.0]), "alltoall": _run([5.0, 4.001, 3.002]),
+            "allgather": _run([5.0, 4.5, 3.0]), "flex": {"error": "ImportError: no deep_ep"}}
+    agree = bench.compare_losses(runs, rtol=0.01)
+    assert agree["nvshmem"]["max_rel_diff"] == 0 and agree["alltoall"]["agrees"]
+    assert not agree["allgather"]["agrees"] and agree["allgather"]["max_rel_diff"] == pytest.approx(0.125)
+    assert "flex" not in agree
+    text = bench.table(runs, agree, {"reference": "why not"})
+    assert "DISAGREES" in text and "failed: ImportError" in text and "skipped: why not" in text
+
+
+def test_timer_sums_spans_per_kind() -> None:
+    import torch
+
+    t = timing.CommTimer(torch.device("cpu"))
+    t.add("dispatch_fwd", 1.0, 1.5)
+    t.add("dispatch_fwd", 2.0, 2.25)
+    t.add("combine_bwd", 0.0, 0.1)
+    got = t.collect()
+    assert got["dispatch_fwd"] == pytest.approx(0.75) and got["combine_bwd"] == pytest.approx(0.1)
+    assert t.collect()["dispatch_fwd"] == 0.0  # cleared
+
+
+@pytest.mark.parametrize("preset, expected", [
+    ("nvlink", {"NVSHMEM_REMOTE_TRANSPORT": "none"}),
+    ("ib", {"NVSHMEM_REMOTE_TRANSPORT": "ibrc", "NVSHMEM_IB_ENABLE_IBGDA": "0"}),
+    ("ibgda", {"NVSHMEM_REMOTE_TRANSPORT": "ibgda", "NVSHMEM_IB_ENABLE_IBGDA": "1"}),
+    ("efa", {"NVSHMEM_REMOTE_TRANSPORT": "libfabric", "NVSHMEM_LIBFABRIC_PROVIDER": "efa"}),
+])
+def test_nvshmem_presets(preset: str, expected: dict[str, str]) -> None:
+    script = ROOT / "scripts" / "slurm" / "nvshmem_env.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVSHMEM_", "FI_"))}
+    out = subprocess.run(["bash", "-c", f"source {script} {preset} && env"], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    got = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    for key, value in expected.items():
+        assert got.get(key) == value, (key, got.get(key))
+    # A site's own setting wins over the preset.
+    out = subprocess.run(["bash", "-c", f"source {script} {preset} && echo $NVSHMEM_REMOTE_TRANSPORT"],
+                         capture_output=True, text=True, env={**env, "NVSHMEM_REMOTE_TRANSPORT": "ucx"}).stdout
+    assert out.strip() == "ucx"
+    bad = subprocess.run(["bash", str(script), "bogus"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "unknown preset" in bad.stderr

@@ -1,0 +1,94 @@
+"""TrainConfig: shipped configs load; every bad combination is rejected naming the key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moe_backend.config import ConfigError
+from moe_backend.train_config import (
+    TrainConfig,
+    check_device,
+    check_world,
+    load_train,
+    resolve_train_config,
+    train_configs_dir,
+)
+
+BASE = yaml.safe_load((train_configs_dir() / "tiny.yaml").read_text())
+
+
+def test_shipped_configs_load() -> None:
+    names = sorted(p.stem for p in train_configs_dir().glob("*.yaml"))
+    assert {"tiny", "mixtral_2gpu", "deepseek_2gpu"} <= set(names)
+    for name in names:
+        cfg = load_train(resolve_train_config(name))
+        assert isinstance(cfg, TrainConfig) and cfg.parallel.world_size >= 1
+    assert load_train(resolve_train_config("deepseek_2gpu")).model.shared_expert_hidden_size
+
+
+def _load(tmp_path: Path, edit: dict) -> TrainConfig:
+    data = copy.deepcopy(BASE)
+    for dotted, value in edit.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_train(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"model.num_experts": 6, "parallel.ep": 4, "parallel.world_size": 4},
+         "parallel.ep: model.num_experts=6 is not divisible by ep=4"),
+        ({"parallel.ep": 4}, "parallel.ep: world_size=2 is not divisible by ep*expert_tp=4"),
+        ({"parallel.tp": 2, "model.num_attention_heads": 3, "model.hidden_size": 63},
+         "parallel.tp: model.num_attention_heads=3 is not divisible by tp=2"),
+        ({"parallel.tp": 3}, "parallel.tp: world_size=2 is not divisible by tp=3"),
+        ({"parallel.expert_tp": 2, "parallel.ep": 1, "model.moe_ffn_hidden_size": 127},
+         "parallel.expert_tp: model.moe_ffn_hidden_size=127 is not divisible by expert_tp=2"),
+        ({"model.topk": 5}, "model.topk: 5 is more than model.num_experts=4"),
+        ({"dispatcher": "deepep"}, "dispatcher: 'deepep' is not one of"),
+        ({"train.precision": "fp16"}, "train.precision: 'fp16' is not one of"),
+        ({"model.hidden_size": 66}, "model.hidden_size: 66 is not divisible by num_attention_heads=4"),
+        ({"train.steps": 0}, "train.steps: must be >= 1"),
+        ({"train.timing_warmup": 40}, "train.timing_warmup: 40 must be in [0, steps=40)"),
+        ({"model.num_expert": 4}, "model.num_expert: unknown key"),
+        ({"parallel.ep": "two"}, "parallel.ep: expected int"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, edit: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, edit)
+    assert message in str(err.value)
+    assert "bad.yaml" in str(err.value)  # the file is named too
+
+
+def test_world_size_from_launch_is_rechecked() -> None:
+    cfg = load_train(resolve_train_config("tiny"))
+    check_world(cfg, 4)  # 4 experts over ep=2, dp=4: fine
+    assert cfg.parallel.world_size == 4 and cfg.dp == 4 and cfg.expert_dp == 2
+    with pytest.raises(ConfigError, match=r"at world size 3 .*parallel.ep: world_size=3 is not divisible"):
+        check_world(load_train(resolve_train_config("tiny")), 3)
+
+
+def test_cpu_rejects_gpu_only_choices() -> None:
+    cfg = load_train(resolve_train_config("mixtral_2gpu"))
+    with pytest.raises(ConfigError, match="model.position_embedding: 'rope' needs CUDA"):
+        check_device(cfg, on_gpu=False)
+    cfg.dispatcher = "alltoall"
+    with pytest.raises(ConfigError, match="dispatcher: 'alltoall' needs CUDA"):
+        check_device(cfg, on_gpu=False)
+    check_device(cfg, on_gpu=True)
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"presets in configs/train: \[.*'tiny'"):
+        resolve_train_config("no_such_config")
