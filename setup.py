@@ -34,7 +34,8 @@ setup(
     extras_require={
         "megatron": ["megatron-core>=0.19,<0.20"],
         "nvshmem": ["nvshmem4py-cu13", "nvidia-nvshmem-cu13==3.4.5"],
-        "test": ["pytest", "hypothesis", "ruff"],
+        "test": ["pytest", "hypothesis", "ruff", "matplotlib"],
+        "plot": ["matplotlib"],  # train-bench's PNG (imported lazily)
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
