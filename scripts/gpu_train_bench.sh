@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# End-to-end step-time benchmark on a 2-GPU machine: the same Megatron-core GPT MoE model
+# and seed trained with each available dispatcher (nvshmem, reference, alltoall,
+# allgather, flex if DeepEP/HybridEP is installed); per config a table, a JSON and a PNG.
+#   scripts/gpu_train_bench.sh OUT_DIR [STEPS]
+# Writes OUT_DIR/train_bench_<config>/{table.txt,bench.json,bench.png,<dispatcher>/train_log.*}
+# and OUT_DIR/train_bench_<config>.log. Exit status: 0, or the first failing command's.
+# Runs after scripts/gpu_check.sh (which builds moe_backend._C in place); builds it here
+# when missing. Uses $PYTHON (default python3) with this checkout on PYTHONPATH.
+set -uo pipefail
+out=${1:-${OUT:-/tmp/moe_gpu_train_bench}}
+steps=${2:-30}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+# One node, NVLink only (see scripts/slurm/nvshmem_env.sh).
+source scripts/slurm/nvshmem_env.sh nvlink
+if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
+  echo "building moe_backend._C (log: $out/build.log)"
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-8} \
+    "$PYTHON" setup.py build_ext --inplace > "$out/build.log" 2>&1 || echo "build failed: nvshmem will be skipped"
+fi
+rc=0
+# Smoke: the tiny config end to end with our kernels (auto = nvshmem when they load).
+"$PYTHON" -m moe_backend.cli train --config tiny --out "$out/train_tiny" 2>&1 | tee "$out/train_tiny.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+for config in mixtral_2gpu deepseek_2gpu; do
+  echo "=== train-bench $config ($steps steps per dispatcher)"
+  "$PYTHON" -m moe_backend.cli train-bench --config "$config" --steps "$steps" \
+    --out "$out/train_bench_$config" 2>&1 | tee "$out/train_bench_$config.log"
+  status=${PIPESTATUS[0]}
+  [ "$status" -eq 0 ] || { echo "train-bench $config: exit $status (3 = a dispatcher failed or its loss disagreed)"; [ "$rc" -ne 0 ] || rc=$status; }
+done
+echo "gpu_train_bench: rc=$rc; results in $out"
+exit $rc
