@@ -145,9 +145,10 @@ class _DispatchRecv(torch.autograd.Function):
         ctx.link = link
         ctx.rows = result.tokens.shape[0]
         ctx.has_weights = result.weights is not None
-        weights = result.weights if result.weights is not None else torch.empty(0, device=result.tokens.device)
+        weights = result.weights if ctx.has_weights else torch.empty(0, device=result.tokens.device)
         # fp8 tokens and absent weights carry no gradient.
-        frozen = [t for t, keep in ((result.tokens, result.tokens.dtype != FP8), (weights, ctx.has_weights)) if not keep]
+        pairs = ((result.tokens, result.tokens.dtype != FP8), (weights, ctx.has_weights))
+        frozen = [t for t, differentiable in pairs if not differentiable]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
         return result.tokens, weights
@@ -155,7 +156,7 @@ class _DispatchRecv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_tokens, grad_weights):  # type: ignore[override]
         link: _Link = ctx.link
-        ex, spec, result = link.ex, link.ex.comm.spec, link.result
+        ex, result = link.ex, link.result
         handle, link.bwd_handle = link.bwd_handle, None
         try:
             if handle is None:
@@ -271,7 +272,8 @@ def _grad_payload(
     if grad_tokens is not None and link.x_dtype is not None:
         payload[:, : spec.hidden] = grad_tokens
     if gspec.hidden > spec.hidden and grad_weights is not None and link.weights_need_grad:
-        payload[:, spec.hidden :] = _encode_weight_grads(grad_weights, result.handle.src_k[:rows], spec.topk, gspec.out_dtype)
+        src_k = result.handle.src_k[:rows]
+        payload[:, spec.hidden :] = _encode_weight_grads(grad_weights, src_k, spec.topk, gspec.out_dtype)
     return payload
 
 
@@ -429,4 +431,11 @@ class DifferentiableCommunicator:
             raise ValueError("grad_comm.spec.in_dtype must equal comm.spec.out_dtype (see grad_spec)")
 
 
-__all__ = ["BYTES_PER_WEIGHT", "DifferentiableCommunicator", "Dispatched", "PendingCombine", "PendingDispatch", "grad_spec"]
+__all__ = [
+    "BYTES_PER_WEIGHT",
+    "DifferentiableCommunicator",
+    "Dispatched",
+    "PendingCombine",
+    "PendingDispatch",
+    "grad_spec",
+]

@@ -14,12 +14,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_backend import Communicator, CommSpec, RoundError
+from moe_backend import CommSpec, Communicator, RoundError
 from moe_backend.autograd import DifferentiableCommunicator, grad_spec
 from moe_backend.launch import spawn
 from moe_backend.testing import Case, GroupInputs, make_inputs
 
 ATOL = 2e-5
+
+
+def _close(actual, expected, what: str, **tol) -> None:
+    """assert_close whose failure message names the check (bound now, not at call time)."""
+    torch.testing.assert_close(actual, expected, msg=lambda m, what=what: f"{what}: {m}", **tol)
 
 
 def _expert_weights(spec: CommSpec, seed: int) -> torch.Tensor:
@@ -95,12 +100,10 @@ def _check_against_dense(spec: CommSpec, seeds: tuple[int, ...], routings: tuple
                 out, x_grad, w_grad, e_grad = _distributed(ex, spec, case, style)
                 g = rank // spec.tp_size
                 where = f"rank {rank} {style} {case.describe()}"
-                torch.testing.assert_close(out, outs[g], atol=ATOL, rtol=1e-5, msg=lambda m: f"out {where}: {m}")
-                torch.testing.assert_close(x_grad, gx[g], atol=ATOL, rtol=1e-5, msg=lambda m: f"grad x {where}: {m}")
-                torch.testing.assert_close(w_grad, gw[g], atol=ATOL, rtol=1e-5, msg=lambda m: f"grad w {where}: {m}")
-                torch.testing.assert_close(
-                    e_grad, ge[rank * L : (rank + 1) * L], atol=ATOL, rtol=1e-5, msg=lambda m: f"grad experts {where}: {m}"
-                )
+                _close(out, outs[g], f"out {where}", atol=ATOL, rtol=1e-5)
+                _close(x_grad, gx[g], f"grad x {where}", atol=ATOL, rtol=1e-5)
+                _close(w_grad, gw[g], f"grad w {where}", atol=ATOL, rtol=1e-5)
+                _close(e_grad, ge[rank * L : (rank + 1) * L], f"grad experts {where}", atol=ATOL, rtol=1e-5)
                 # The gradient must not be trivially zero (a broken backward would pass otherwise).
                 assert x_grad.abs().sum() > 0 or groups[g].num_tokens == 0
 

@@ -21,6 +21,11 @@ megatron = pytest.importorskip("megatron.core", reason="megatron-core is not imp
 S, B, H, E, TOPK, FFN = 6, 2, 8, 4, 2, 12
 
 
+def _close(actual, expected, what: str, **tol) -> None:
+    """assert_close whose failure message names the check (bound now, not at call time)."""
+    torch.testing.assert_close(actual, expected, msg=lambda m, what=what: f"{what}: {m}", **tol)
+
+
 # -- Megatron setup ---------------------------------------------------------------------------
 def _init(tp: int, ep: int, etp: int | None = None):
     from megatron.core import parallel_state as ps
@@ -115,12 +120,12 @@ def _check_round_trips(tp: int, ep: int, etp: int | None, sp: bool | None, repli
         x_ref = x.detach().clone().requires_grad_()
         probs_ref = probs.detach().clone().requires_grad_()
         want = _dense_round_trip(x_ref, routing_map, probs_ref, etp_size)
-        torch.testing.assert_close(out, want, msg=lambda m: f"{check} output: {m}")
+        _close(out, want, f"{check} output")
         grad = torch.randn(out.shape, generator=gen)
         out.backward(grad)
         want.backward(grad)
-        torch.testing.assert_close(x.grad, x_ref.grad, msg=lambda m: f"{check} grad x: {m}")
-        torch.testing.assert_close(probs.grad, probs_ref.grad, msg=lambda m: f"{check} grad probs: {m}")
+        _close(x.grad, x_ref.grad, f"{check} grad x")
+        _close(probs.grad, probs_ref.grad, f"{check} grad probs")
         if mode == "dropless-device-counts":
             assert tpe.dtype == torch.int64 and tpe.shape == (disp.num_local_experts,), check
         if mode == "capacity":
@@ -149,9 +154,9 @@ def _identity_round_trip(tp: int, ep: int, etp: int | None, sp: bool | None) -> 
     tokens, tpe, pprobs = disp.dispatch_postprocess(hidden, p)
     y = tokens * pprobs[:, None]
     out = disp.combine_postprocess(disp.token_combine(disp.combine_preprocess(y)))
-    torch.testing.assert_close(out, x, msg=lambda m: f"identity round trip rank {dist.get_rank()}: {m}")
+    _close(out, x, f"identity round trip rank {dist.get_rank()}")
     out.backward(x.detach())
-    torch.testing.assert_close(x.grad, x.detach(), msg=lambda m: f"identity backward rank {dist.get_rank()}: {m}")
+    _close(x.grad, x.detach(), f"identity backward rank {dist.get_rank()}")
     assert probs.grad is not None and probs.grad[routing_map].abs().sum() > 0
 
 
@@ -177,11 +182,13 @@ class CPURouter(torch.nn.Module):
 
 def _layer_spec():
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
     from integration.megatron import DispatcherOptions, use_backend_dispatcher
 
     spec = get_moe_module_spec(use_te=False, num_experts=E, moe_grouped_gemm=False)
     submodules = dataclasses.replace(spec.keywords["submodules"], router=CPURouter)
-    return use_backend_dispatcher(functools.partial(spec.func, submodules=submodules), DispatcherOptions(backend="reference"))
+    layer = functools.partial(spec.func, submodules=submodules)
+    return use_backend_dispatcher(layer, DispatcherOptions(backend="reference"))
 
 
 def _gather_experts(layer, pg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,12 +251,11 @@ def _check_layer(tp: int, ep: int, etp: int | None, sp: bool | None, train: bool
         h = out_rows
     want = h.view(S, B, H)
     check = f"layer tp={tp} ep={ep} etp={etp} sp={sp} train={train} rank={dist.get_rank()}"
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"{check} output: {m}")
+    _close(out, want, f"{check} output", atol=1e-5, rtol=1e-4)
     want.backward(grad)
-    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{check} grad x: {m}")
+    _close(x.grad, xr.grad, f"{check} grad x", atol=1e-5, rtol=1e-4)
     for i, layer in enumerate(layers):
-        torch.testing.assert_close(layer.router.weight.grad, routers[i].grad, atol=1e-5, rtol=1e-4,
-                                   msg=lambda m: f"{check} layer {i} router grad: {m}")
+        _close(layer.router.weight.grad, routers[i].grad, f"{check} layer {i} router grad", atol=1e-5, rtol=1e-4)
     # Expert weight gradients: every rank's tokens reach the expert; sum the dense grads over ranks.
     for i, layer in enumerate(layers):
         g1, g2 = w_leaf[i][0].grad.clone(), w_leaf[i][1].grad.clone()
@@ -262,15 +268,15 @@ def _check_layer(tp: int, ep: int, etp: int | None, sp: bool | None, train: bool
         for j, expert in enumerate(layer.experts.local_experts):
             e = ep_rank * L + j
             cols = slice(etp_rank * part, (etp_rank + 1) * part)
-            torch.testing.assert_close(expert.linear_fc1.weight.grad, g1[e, cols], atol=1e-5, rtol=1e-4,
-                                       msg=lambda m: f"{check} layer {i} expert {e} fc1 grad: {m}")
-            torch.testing.assert_close(expert.linear_fc2.weight.grad, g2[e, :, cols], atol=1e-5, rtol=1e-4,
-                                       msg=lambda m: f"{check} layer {i} expert {e} fc2 grad: {m}")
+            what = f"{check} layer {i} expert {e}"
+            _close(expert.linear_fc1.weight.grad, g1[e, cols], f"{what} fc1 grad", atol=1e-5, rtol=1e-4)
+            _close(expert.linear_fc2.weight.grad, g2[e, :, cols], f"{what} fc2 grad", atol=1e-5, rtol=1e-4)
 
 
 def _check_plugin_helpers() -> None:
     """swap_token_dispatchers, select_dispatcher, portable state dicts."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
+
     from integration.megatron import MoEBackendTokenDispatcher, select_dispatcher, swap_token_dispatchers
 
     pg = _init(1, dist.get_world_size())

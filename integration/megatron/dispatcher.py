@@ -60,7 +60,9 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         self.topk = config.moe_router_topk
         self.mapping: GroupMapping = build_mapping(pg_collection, self.num_experts, config.sequence_parallel)
         if self.mapping.num_local_experts != num_local_experts:
-            raise ValueError(f"num_local_experts={num_local_experts} but the EP group implies {self.mapping.num_local_experts}")
+            raise ValueError(
+                f"num_local_experts={num_local_experts} but the EP group implies {self.mapping.num_local_experts}"
+            )
         self.drop_and_pad = bool(config.moe_pad_expert_input_to_capacity)
         if self.drop_and_pad and config.moe_expert_capacity_factor is None:
             raise ValueError("moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor")

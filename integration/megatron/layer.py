@@ -139,7 +139,8 @@ def gpt_layer_spec(dispatcher: str = "nvshmem", use_te: bool | None = None, moe_
         from megatron.core.extensions.transformer_engine import HAVE_TE
 
         use_te = HAVE_TE
-    build = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec if use_te else gpt_layer_specs.get_gpt_layer_local_spec
+    specs = gpt_layer_specs
+    build = specs.get_gpt_layer_with_transformer_engine_spec if use_te else specs.get_gpt_layer_local_spec
     spec = build(num_experts=kwargs.pop("num_experts", 2), moe_grouped_gemm=moe_grouped_gemm, **kwargs)
     if dispatcher in MEGATRON_DISPATCHERS:
         return spec

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .layer import OUR_DISPATCHERS, gpt_layer_spec as _gpt_layer_spec, select_dispatcher
+from .layer import OUR_DISPATCHERS, select_dispatcher
+from .layer import gpt_layer_spec as _gpt_layer_spec
 
 _name = os.environ.get("MOE_BACKEND_DISPATCHER", "nvshmem")
 _options = (

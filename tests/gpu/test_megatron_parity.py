@@ -22,6 +22,11 @@ pytest.importorskip("megatron.core", reason="megatron-core is not importable")
 S, B, H, E, TOPK, FFN = 64, 2, 128, 8, 2, 256
 
 
+def _close(actual, expected, what: str, **tol) -> None:
+    """assert_close whose failure message names the check (bound now, not at call time)."""
+    torch.testing.assert_close(actual, expected, msg=lambda m, what=what: f"{what}: {m}", **tol)
+
+
 def _layers(tp: int, ep: int, backend: str, host_counts: bool):
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
@@ -70,12 +75,11 @@ def _parity(tp: int, ep: int, backend: str, host_counts: bool) -> None:
         want_out, want_gx, want_grads = _run(stock, x, grad)
         out, gx, grads = _run(ours, x, grad)
         where = f"tp={tp} ep={ep} {backend} host={host_counts} step={step} rank={dist.get_rank()}"
-        torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-4, msg=lambda m: f"{where} out: {m}")
-        torch.testing.assert_close(gx, want_gx, atol=1e-5, rtol=1e-4, msg=lambda m: f"{where} grad x: {m}")
+        _close(out, want_out, f"{where} out", atol=1e-5, rtol=1e-4)
+        _close(gx, want_gx, f"{where} grad x", atol=1e-5, rtol=1e-4)
         assert grads.keys() == want_grads.keys(), where
         for name in grads:
-            torch.testing.assert_close(grads[name], want_grads[name], atol=1e-5, rtol=1e-4,
-                                       msg=lambda m: f"{where} grad {name}: {m}")
+            _close(grads[name], want_grads[name], f"{where} grad {name}", atol=1e-5, rtol=1e-4)
 
 
 def _backends() -> list[str]:
