@@ -3,7 +3,7 @@
 See docs/CONTRACT.md for the exact semantics every backend implements.
 """
 
-from .communicator import Communicator, CombineReceiver, DispatchReceiver, RoundError
+from .communicator import CombineReceiver, Communicator, DispatchReceiver, RoundError
 from .result import DispatchResult, Handle
 from .spec import FP8, CommSpec, parse_dtype
 
