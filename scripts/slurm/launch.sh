@@ -19,6 +19,7 @@ PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 node_rank=${SLURM_NODEID:-0}
 master=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname -s)}" | head -n1)
+[ "$nnodes" -gt 1 ] || master=127.0.0.1  # one node: no name resolution needed
 port=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
 
 if [ -z "${NPROC_PER_NODE:-}" ]; then

@@ -8,7 +8,8 @@
 #
 # `start` writes DIR/slurm.conf naming this host as controller and only node, starts
 # munged if no munge daemon answers, then slurmctld and slurmd, and waits for the node
-# to be idle. `stop` only kills the pids recorded in DIR.
+# to be idle (addresses are 127.0.0.1: no name resolution needed). `stop` only kills the
+# pids recorded in DIR.
 set -euo pipefail
 cmd=${1:?usage: local_cluster.sh install | start DIR | stop DIR}
 
@@ -50,7 +51,7 @@ start() {
   fi
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=moebackend
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -73,7 +74,7 @@ SlurmdLogFile=$dir/slurmd.log
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MinJobAge=600
-NodeName=$host CPUs=$cpus State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$dir/slurm.conf
