@@ -182,13 +182,17 @@ def copy_rate_gbps(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
     return nbytes / times[len(times) // 2] / 1e9
 
 
-def backends_to_run(requested: str, device: torch.device) -> list[str]:
+def backends_to_run(requested: str, device: torch.device) -> list[tuple[str, str, dict[str, Any]]]:
+    """(row label, backend name, backend options) for each backend the run times."""
+    nvshmem_ok = device.type == "cuda" and nvshmem_available()[0]
     if requested == "all":
-        names = ["reference"]
-        if device.type == "cuda" and nvshmem_available()[0]:
-            names.append("nvshmem")
-        return names
-    return [requested]
+        rows = [("reference", "reference", {})]
+        if nvshmem_ok:  # both transports: the portable put path and direct NVLink stores
+            rows += [(f"nvshmem-{t}", "nvshmem", {"transport": t}) for t in ("put", "nvlink")]
+        return rows
+    if requested == "auto":
+        requested = "nvshmem" if nvshmem_ok else "reference"
+    return [(requested, requested, {})]
 
 
 def run(preset: BenchPreset, backend: str, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -200,12 +204,12 @@ def run(preset: BenchPreset, backend: str, progress: Callable[[str], None]) -> d
     copy_rate = None
     if device.type == "cuda":
         copy_rate = _gather(copy_rate_gbps())[0]
-    for name in backends_to_run(backend, device):
+    for label, name, options in backends_to_run(backend, device):
         # Value checks of topk_ids read the device (a host sync): off while timing.
-        comm = Communicator(spec, backend=name, device=device, check_inputs=False)
+        comm = Communicator(spec, backend=name, device=device, check_inputs=False, **options)
         for n in preset.bench.num_tokens:
-            progress(f"{preset.name}: {comm.backend_name} backend, {n} tokens/rank, {preset.bench.iters} iters")
-            rows.append({"backend": comm.backend_name, "num_tokens": n, **time_comm(comm, n, preset, clock)})
+            progress(f"{preset.name}: {label}, {n} tokens/rank, {preset.bench.iters} iters")
+            rows.append({"backend": label, "num_tokens": n, **time_comm(comm, n, preset, clock)})
         comm.close()
     for n in preset.bench.num_tokens:
         progress(f"{preset.name}: dense all_to_all baseline, {n} tokens/rank")

@@ -25,9 +25,7 @@ echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
 python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1 | tee "$out/import.log"
 python3 -m pytest -m gpu tests/gpu -q -s -rA 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
-python3 tests/gpu/bench_nvshmem.py --out "$out/bench_nvshmem.json" 2>&1 | tee "$out/bench_nvshmem.log"
-if [ -f moe_backend/cli.py ]; then
-  python3 -m moe_backend.cli bench --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
-fi
+# The benchmark of record: every preset, reference (NCCL) and both nvshmem transports.
+python3 -m moe_backend.cli bench --all-presets --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
 echo "gpu_check: pytest rc=$rc"
 exit $rc
