@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import subprocess
 import time
@@ -54,7 +55,9 @@ class Clock:
 
 def barrier(device: torch.device, flag: torch.Tensor) -> None:
     if device.type == "cuda":
-        torch.cuda._sleep(20_000)  # ~10 us of device time, so the all-reduce is not the only skew
+        # ~200 us of device sleep, then a one-element all-reduce: every rank starts together,
+        # and the host has time to enqueue the op, so the events time the GPU, not Python.
+        torch.cuda._sleep(400_000)
         dist.all_reduce(flag)
     else:
         dist.barrier()
@@ -107,33 +110,39 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     x, ids, weights, scale = make_routing(spec, n, preset.bench.seed, device)
     flag = torch.ones(1, device=device)
     samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    host: dict[str, list[float]] = {p: [] for p in PHASES[:4]}  # CPU time of each call
     y = None
     for i in range(preset.bench.warmup + preset.bench.iters):
         barrier(device, flag)
+        h0 = time.perf_counter()
         m0 = clock.mark()
         receiver = comm.dispatch_send(x, ids, weights if preset.bench.weighted else None, scale)
-        m1 = clock.mark()
+        m1, h1 = clock.mark(), time.perf_counter()
         result = receiver.recv()
-        m2 = clock.mark()
+        m2, h2 = clock.mark(), time.perf_counter()
         if y is None:  # stand-in expert output, made once: the benchmark times communication only
             y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
         barrier(device, flag)
+        h3 = time.perf_counter()
         m3 = clock.mark()
         pending = comm.combine_send(y, result.handle, result.weights if preset.bench.weighted else None)
-        m4 = clock.mark()
+        m4, h4 = clock.mark(), time.perf_counter()
         pending.recv()
-        m5 = clock.mark()
+        m5, h5 = clock.mark(), time.perf_counter()
         if i >= preset.bench.warmup:
             clock.sync()
             for phase, (a, b) in zip(PHASES, [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (m0, m2), (m3, m5)]):
                 samples[phase].append(clock.elapsed_us(a, b))
+            for phase, (a, b) in zip(PHASES, [(h0, h1), (h1, h2), (h3, h4), (h4, h5)]):
+                host[phase].append((b - a) * 1e6)
     result_stats = max_over_ranks({p: stats(s) for p, s in samples.items()})
+    host_stats = max_over_ranks({p: stats(s) for p, s in host.items()})
     moved = bytes_across(spec, ids)
     total = {k: 0 for k in moved}
     for rank_bytes in _gather(moved):
         for k, v in rank_bytes.items():
             total[k] = max(total[k], v)
-    return {"phases": result_stats, "bytes_across_max_rank": total}
+    return {"phases": result_stats, "host_us": host_stats, "bytes_across_max_rank": total}
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -195,15 +204,21 @@ def backends_to_run(requested: str, device: torch.device) -> list[tuple[str, str
     return [(requested, requested, {})]
 
 
-def run(preset: BenchPreset, backend: str, progress: Callable[[str], None]) -> dict[str, Any]:
+def bench_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def measure_copy_rate() -> float | None:
+    """The GPU-to-GPU ceiling, measured once per run before any backend is set up."""
+    return _gather(copy_rate_gbps())[0] if bench_device().type == "cuda" else None
+
+
+def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy_rate: float | None) -> dict[str, Any]:
     """Benchmark one preset on every requested backend; call on every rank."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = bench_device()
     clock = Clock(device)
     spec = preset.comm.to_spec(dist.get_world_size())
     rows: list[dict[str, Any]] = []
-    copy_rate = None
-    if device.type == "cuda":
-        copy_rate = _gather(copy_rate_gbps())[0]
     for label, name, options in backends_to_run(backend, device):
         # Value checks of topk_ids read the device (a host sync): off while timing.
         comm = Communicator(spec, backend=name, device=device, check_inputs=False, **options)
@@ -244,8 +259,9 @@ def add_ratios(report: dict[str, Any]) -> None:
 
 
 def machine_info() -> dict[str, Any]:
+    commit = os.environ.get("MOE_BACKEND_COMMIT", "")  # set where the tree has no .git
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+        commit = commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
                                 cwd=Path(__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"

@@ -99,8 +99,9 @@ def _buffer_sizes(spec: Any) -> dict[str, int] | None:
 # -- bench ----------------------------------------------------------------------------------
 def _bench_body(presets: list[BenchPreset], backend: str, out: str | None) -> None:
     reports = []
+    copy_rate = benchmod.measure_copy_rate()
     for preset in presets:
-        report = benchmod.run(preset, backend, say)
+        report = benchmod.run(preset, backend, say, copy_rate)
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))
