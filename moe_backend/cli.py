@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_selftest)
     from .training.cli import add_train_bench_parser, add_train_parser  # lazy: megatron is optional
     add_train_parser(sub), add_train_bench_parser(sub)
+    from .layer_bench import add_layer_bench_parser  # lazy: megatron is imported inside the run
+    add_layer_bench_parser(sub)
     return parser
 
 
