@@ -16,16 +16,24 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpus.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1
 t0=$(date +%s)
 MAX_JOBS=${MAX_JOBS:-8} python3 setup.py build_ext --inplace > "$out/build.log" 2>&1
 brc=$?
 echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
 [ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
-python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1 | tee "$out/import.log"
+python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1
 python3 -m pytest -m gpu tests/gpu -q -s -rA 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 # The benchmark of record: every preset, reference (NCCL) and both nvshmem transports.
 python3 -m moe_backend.cli bench --all-presets --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
+# The layer benchmark last, in whatever remains of the time budget (its JSON is rewritten
+# after every dispatcher, so a cut-short run still reports the dispatchers it finished).
+left=$(( ${GPU_CHECK_BUDGET_S:-300} - SECONDS ))
+if [ "$left" -gt 45 ]; then
+  timeout "$left" bash scripts/gpu_layer_bench.sh "$out" || echo "layer bench: exit $? (124 = out of time)"
+else
+  echo "layer bench skipped: ${left}s left of GPU_CHECK_BUDGET_S"
+fi
 echo "gpu_check: pytest rc=$rc"
 exit $rc

@@ -30,7 +30,7 @@ if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
     "$PYTHON" setup.py build_ext --inplace > "$out/build.log" 2>&1 || echo "build failed: nvshmem will be skipped"
 fi
 export MOE_BACKEND_COMMIT=${MOE_BACKEND_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/gpus.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1
 "$PYTHON" -m moe_backend.cli layer-bench --shapes deepseek mixtral --out "$out/layer_bench.json" "$@" \
   2>&1 | tee "$out/layer_bench.log"
 rc=${PIPESTATUS[0]}
