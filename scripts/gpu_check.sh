@@ -23,7 +23,7 @@ brc=$?
 echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
 [ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
 python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1
-python3 -m pytest -m gpu tests/gpu -q -s -rA -k "not layer_bench"  # the full layer bench runs below 2>&1 | tee "$out/pytest.log"
+python3 -m pytest -m gpu tests/gpu -q -s -rA -k "not layer_bench" 2>&1 | tee "$out/pytest.log"  # full layer bench below
 rc=${PIPESTATUS[0]}
 # The benchmark of record: every preset, reference (NCCL) and both nvshmem transports.
 python3 -m moe_backend.cli bench --all-presets --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
