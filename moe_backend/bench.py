@@ -70,12 +70,11 @@ def stats(samples: list[float]) -> dict[str, float]:
 
 
 def max_over_ranks(per_rank: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Each phase's statistics, taken as the slowest rank's (all ranks must finish)."""
+    """Each quantity's statistics taken as the slowest rank's (quantities every rank has)."""
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per_rank)
-    return {
-        phase: {k: max(r[phase][k] for r in gathered) for k in ("p10", "median", "p90")} for phase in per_rank
-    }
+    common = [k for k in per_rank if all(k in r for r in gathered)]
+    return {k: {s: max(r[k][s] for r in gathered) for s in ("p10", "median", "p90")} for k in common}
 
 
 def make_routing(spec: CommSpec, n: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:

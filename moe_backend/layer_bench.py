@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .bench import Clock, max_over_ranks, stats
+
 # Order of the runs: alltoall first (the baseline of the ratios and the output check).
 DISPATCHERS = ("alltoall", "nvshmem", "reference", "allgather", "flex")
 OURS = ("nvshmem", "reference")
@@ -87,22 +89,15 @@ def say(msg: str) -> None:
 
 
 # -- timing -----------------------------------------------------------------------------------
-class Timer:
+class Timer(Clock):
     """CUDA events (host clock on CPU) for the windows of one iteration."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
         self.spans: list[tuple[str, Any, Any]] = []
 
-    def mark(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
     def ms(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+        return self.elapsed_us(a, b) / 1e3
 
     def add(self, kind: str, start: Any, end: Any) -> None:
         self.spans.append((kind, start, end))
@@ -162,20 +157,6 @@ def instrument(dispatcher: Any, timer: Timer) -> None:
     instrument_window(dispatcher, "combine_preprocess", "combine_postprocess", "combine", timer)
     instrument_window(dispatcher, "token_dispatch", "token_dispatch", "dispatch_comm", timer)
     instrument_window(dispatcher, "token_combine", "token_combine", "combine_comm", timer)
-
-
-def stats(samples: list[float]) -> dict[str, float]:
-    t = torch.tensor(samples, dtype=torch.float64)
-    q = torch.quantile(t, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
-    return {"p10": q[0], "median": q[1], "p90": q[2]}
-
-
-def slowest_rank(per_rank: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Each quantity's statistics taken as the slowest rank's (kinds present on every rank)."""
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, per_rank)
-    common = [k for k in per_rank if all(k in r for r in gathered)]
-    return {k: {s: max(r[k][s] for r in gathered) for s in ("p10", "median", "p90")} for k in common}
 
 
 # -- what can run -----------------------------------------------------------------------------
@@ -403,7 +384,7 @@ def _release(dispatcher: str, device: torch.device) -> None:
 def finish_record(record: dict[str, Any]) -> dict[str, Any]:
     """Collective: this rank's statistics -> the slowest rank's, plus derived shares."""
     per_rank = record.pop("per_rank")
-    times = slowest_rank(per_rank)
+    times = max_over_ranks(per_rank)
     peaks: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, record.pop("peak_allocated_bytes"))
     record["peak_allocated_gib_max_rank"] = max(peaks) / 2**30

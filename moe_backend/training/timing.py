@@ -14,25 +14,19 @@ CPU, where gloo collectives block, wall-clock reads.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import torch
 
+from ..bench import Clock
+
 KINDS = ("dispatch_fwd", "dispatch_bwd", "combine_fwd", "combine_bwd")
 
 
-class CommTimer:
+class CommTimer(Clock):
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        super().__init__(device)
         self.spans: list[tuple[str, Any, Any]] = []
-
-    def mark(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
 
     def add(self, kind: str, start: Any, end: Any) -> None:
         self.spans.append((kind, start, end))
