@@ -16,6 +16,7 @@
 #include <nvshmemx.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 namespace moe {
@@ -149,99 +150,171 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   }
 }
 
-// Copy one source to up to MAXW destinations (mask over ranks) in one pass over the data.
-__device__ __forceinline__ void warp_copy_multi(const Params& p, long long dst_off, unsigned long long mask,
-                                                const char* src, int bytes, int lane) {
-  bool aligned = ((reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes | (uintptr_t)dst_off) & 15) == 0;
-  if (aligned) {
+// Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
+// (their arenas through p.peer), reading the source once: UNROLL 16-byte loads in flight per
+// thread, then the stores. Byte loop when anything is not 16-byte aligned.
+constexpr int COPY_UNROLL = 8;
+__device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_off, unsigned long long mask,
+                                                 const char* __restrict__ src, int bytes) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes | (uintptr_t)dst_off) & 15) == 0) {
     const int4* s = reinterpret_cast<const int4*>(src);
     const int n = bytes >> 4;
-    for (int i = lane; i < n; i += 32) {
-      int4 v = s[i];
+    for (int i0 = tid; i0 < n; i0 += COPY_UNROLL * nt) {
+      int4 v[COPY_UNROLL];
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; ++u)
+        if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
       for (unsigned long long m = mask; m; m &= m - 1) {
-        int r = __ffsll((long long)m) - 1;
-        reinterpret_cast<int4*>(p.peer[r] + dst_off)[i] = v;
+        int4* d = reinterpret_cast<int4*>(p.peer[__ffsll((long long)m) - 1] + dst_off);
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; ++u)
+          if (i0 + u * nt < n) d[i0 + u * nt] = v[u];
       }
     }
   } else {
-    for (int i = lane; i < bytes; i += 32) {
+    for (int i = tid; i < bytes; i += nt) {
       char v = src[i];
-      for (unsigned long long m = mask; m; m &= m - 1) {
-        int r = __ffsll((long long)m) - 1;
-        p.peer[r][dst_off + i] = v;
+      for (unsigned long long m = mask; m; m &= m - 1) p.peer[__ffsll((long long)m) - 1][dst_off + i] = v;
+    }
+  }
+}
+
+// Block-cooperative local copy (put transport: x row into symmetric staging).
+__device__ __forceinline__ void block_copy(char* __restrict__ dst, const char* __restrict__ src, int bytes) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes) & 15) == 0) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    int4* d = reinterpret_cast<int4*>(dst);
+    const int n = bytes >> 4;
+    for (int i0 = tid; i0 < n; i0 += COPY_UNROLL * nt) {
+      int4 v[COPY_UNROLL];
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; ++u)
+        if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
+#pragma unroll
+      for (int u = 0; u < COPY_UNROLL; ++u)
+        if (i0 + u * nt < n) d[i0 + u * nt] = v[u];
+    }
+  } else {
+    for (int i = tid; i < bytes; i += nt) dst[i] = src[i];
+  }
+}
+
+// Write the group's sanitised routing table (header {n, has_weights}, ids[nk] with ids outside
+// [0,E) as -1, weights[nk]) at `nd` destinations: the arena at table offset `toff` of every
+// rank (to_peers, nvlink) or the one staging buffer `stage` (put). Block-cooperative,
+// 16-byte vectors with several loads in flight when the inputs allow it.
+__device__ void write_table(const Params& p, bool to_peers, long long toff, char* stage, const int* __restrict__ ids,
+                            const float* __restrict__ w, int n, int nk) {
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.E;
+  const int nd = to_peers ? p.W : 1;
+  const bool vec = (nk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+  if (vec) {
+    constexpr int U = 4;
+    const int n4 = nk >> 2;
+    const int4* i4 = reinterpret_cast<const int4*>(ids);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    for (int i0 = tid; i0 < n4; i0 += U * nt) {
+      int4 a[U];
+      float4 b[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (i0 + u * nt < n4) {
+          a[u] = __ldg(i4 + i0 + u * nt);
+          if (w) b[u] = __ldg(w4 + i0 + u * nt);
+        }
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        a[u].x = (a[u].x >= 0 && a[u].x < E) ? a[u].x : -1;
+        a[u].y = (a[u].y >= 0 && a[u].y < E) ? a[u].y : -1;
+        a[u].z = (a[u].z >= 0 && a[u].z < E) ? a[u].z : -1;
+        a[u].w = (a[u].w >= 0 && a[u].w < E) ? a[u].w : -1;
+      }
+      for (int r = 0; r < nd; ++r) {
+        char* tb = to_peers ? p.peer[r] + toff : stage;
+        int4* di = reinterpret_cast<int4*>(tb + 16);
+        float4* dw = reinterpret_cast<float4*>(tb + 16 + (long long)nk * 4);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (i0 + u * nt < n4) {
+            di[i0 + u * nt] = a[u];
+            if (w) dw[i0 + u * nt] = b[u];
+          }
+        }
+      }
+    }
+  } else {
+    for (int i = tid; i < nk; i += nt) {
+      int id = ids[i];
+      id = (id >= 0 && id < E) ? id : -1;
+      const float wv = w ? w[i] : 0.0f;
+      for (int r = 0; r < nd; ++r) {
+        char* tb = to_peers ? p.peer[r] + toff : stage;
+        reinterpret_cast<int*>(tb + 16)[i] = id;
+        if (w) reinterpret_cast<float*>(tb + 16 + (long long)nk * 4)[i] = wv;
+      }
+    }
+  }
+  if (tid == 0) {
+    for (int r = 0; r < nd; ++r) {
+      char* tb = to_peers ? p.peer[r] + toff : stage;
+      reinterpret_cast<int*>(tb)[0] = n;
+      reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------
-// Dispatch send. Block 0 also raises the "entered dispatch" flag at every rank and (replica
-// 0 of a group) ships the group's routing table; then every warp sends owned tokens, one
-// copy per destination rank, into the receiver's slot [group][t], flag = round.
+// Dispatch send (SEND_THREADS-thread blocks, one token per block at a time). Block 0 first
+// raises the "entered dispatch" flag at every rank and (replica 0 of a group) ships the
+// group's routing table; then every block sends owned tokens t = replica + i*tp (i = block,
+// block + grid, ...), one copy per destination rank, into the receiver's slot [group][t],
+// flag = round. A whole block per token (a few hundred tokens in flight GPU-wide) keeps
+// the link busy while tokens land in t order, so the receiver's copy can follow the
+// arrival front instead of waiting for one big wave.
+constexpr int SEND_THREADS = 128;
 template <bool NVL>
-__global__ void __launch_bounds__(NTHREADS) dispatch_send_kernel(Params p, const char* __restrict__ x,
-                                                                 const int* __restrict__ ids,
-                                                                 const float* __restrict__ w,
-                                                                 const float* __restrict__ scale,
-                                                                 const int* __restrict__ nptr, int n_host, int rows) {
+__global__ void __launch_bounds__(SEND_THREADS) dispatch_send_kernel(Params p, const char* __restrict__ x,
+                                                                     const int* __restrict__ ids,
+                                                                     const float* __restrict__ w,
+                                                                     const float* __restrict__ scale,
+                                                                     const int* __restrict__ nptr, int n_host, int rows) {
   const unsigned long long round = p.state[0] + 1;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int E = p.E, L = p.L, topk = p.topk;
 
   if (blockIdx.x == 0) {
-    if (threadIdx.x < p.W) raise_flag<NVL>(p, sig_arrive(p, p.rank), threadIdx.x, round);
+    if (tid < p.W) raise_flag<NVL>(p, sig_arrive(p, p.rank), tid, round);
     if (p.replica == 0) {
       const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
       const int nk = n * topk;
-      const int tbytes = 16 + nk * (w ? 8 : 4);
       if constexpr (NVL) {
-        for (int r = 0; r < p.W; ++r) {
-          char* tb = p.peer[r] + toff;
-          int* tid_ = reinterpret_cast<int*>(tb + 16);
-          float* twt = reinterpret_cast<float*>(tb + 16 + (long long)nk * 4);
-          for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-            int id = ids[i];
-            tid_[i] = (id >= 0 && id < E) ? id : -1;
-            if (w) twt[i] = w[i];
-          }
-          if (threadIdx.x == 0) {
-            reinterpret_cast<int*>(tb)[0] = n;
-            reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
-          }
-        }
+        write_table(p, true, toff, nullptr, ids, w, n, nk);
         __syncthreads();
-        if (threadIdx.x < p.W) raise_flag<true>(p, sig_table(p, p.group), threadIdx.x, round);
+        if (tid < p.W) raise_flag<true>(p, sig_table(p, p.group), tid, round);
       } else {
         char* tb = p.sym + p.off_stage_table;
-        int* tid_ = reinterpret_cast<int*>(tb + 16);
-        float* twt = reinterpret_cast<float*>(tb + 16 + (long long)nk * 4);
-        for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-          int id = ids[i];
-          tid_[i] = (id >= 0 && id < E) ? id : -1;
-          if (w) twt[i] = w[i];
-        }
-        if (threadIdx.x == 0) {
-          reinterpret_cast<int*>(tb)[0] = n;
-          reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
-        }
+        write_table(p, false, toff, tb, ids, w, n, nk);
         __syncthreads();
-        for (int r = warp; r < p.W; r += NWARPS) {
-          nvshmemx_putmem_signal_nbi_warp(p.sym + toff, tb, tbytes,
-                                          reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_table(p, p.group))),
-                                          round, NVSHMEM_SIGNAL_SET, p.pe[r]);
-        }
+        const int tbytes = 16 + nk * (w ? 8 : 4);
+        for (int r = 0; r < p.W; ++r)
+          nvshmemx_putmem_signal_nbi_block(p.sym + toff, tb, tbytes,
+                                           reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_table(p, p.group))), round,
+                                           NVSHMEM_SIGNAL_SET, p.pe[r]);
       }
     }
   }
 
-  const int gwarp = warp * gridDim.x + blockIdx.x;  // consecutive tokens on different SMs
-  const int nwarps = gridDim.x * NWARPS;
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  for (int i = gwarp;; i += nwarps) {
+  for (int i = blockIdx.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
-    if (t >= n) break;
+    if (t >= n) break;  // uniform over the block
+    // Every warp derives the same destination mask from the token's ids.
     unsigned long long mask = 0;
     for (int k = lane; k < topk; k += 32) {
       int id = ids[(long long)t * topk + k];
@@ -254,30 +327,27 @@ __global__ void __launch_bounds__(NTHREADS) dispatch_send_kernel(Params p, const
     const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
     const char* xs = x + (long long)t * p.row_bytes;
     if constexpr (NVL) {
-      warp_copy_multi(p, slot_off, mask, xs, p.row_bytes, lane);
+      block_copy_multi(p, slot_off, mask, xs, p.row_bytes);
       if (p.scale_bytes)
-        warp_copy_multi(p, slot_off + aligned_row, mask, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes,
-                        p.scale_bytes, lane);
-      __syncwarp();
-      if (lane == 0) __threadfence_system();
-      __syncwarp();
-      for (unsigned long long m = mask; m; m &= m - 1) {
-        int r = __ffsll((long long)m) - 1;
-        if (lane == 0) st_release_sys(sigp(p, p.peer[r], sig_token(p, p.group, t)), round);
+        block_copy_multi(p, slot_off + aligned_row, mask,
+                         reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
+      __syncthreads();  // every thread's stores of this token precede thread 0's fence + flags
+      if (tid == 0) {
+        __threadfence_system();
+        for (unsigned long long m = mask; m; m &= m - 1)
+          st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
       }
     } else {
       char* st = p.sym + p.off_stage_disp + (long long)t * p.slot_bytes;
-      warp_copy(st, xs, p.row_bytes, lane);
+      block_copy(st, xs, p.row_bytes);
       if (p.scale_bytes)
-        warp_copy(st + aligned_row, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes, lane);
-      __syncwarp();
+        block_copy(st + aligned_row, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
+      __syncthreads();
       const int bytes = aligned_row + p.scale_bytes;
-      for (unsigned long long m = mask; m; m &= m - 1) {
-        int r = __ffsll((long long)m) - 1;
-        nvshmemx_putmem_signal_nbi_warp(p.sym + slot_off, st, bytes,
-                                        reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_token(p, p.group, t))), round,
-                                        NVSHMEM_SIGNAL_SET, p.pe[r]);
-      }
+      for (unsigned long long m = mask; m; m &= m - 1)
+        nvshmemx_putmem_signal_nbi_block(p.sym + slot_off, st, bytes,
+                                         reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_token(p, p.group, t))), round,
+                                         NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
     }
   }
 }
@@ -303,7 +373,6 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   int* bs = reinterpret_cast<int*>(smem + (size_t)nmw * L);  // [L]
   const int c = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nw = blockDim.x >> 5;
 
   if (c == 0 && tid < p.W)
     wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
@@ -406,28 +475,67 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 
 }
 
-// Dispatch receive, part 2: payload copies, one warp per received (token, k) row, spread
-// over the whole GPU; each waits for its token's flag first.
-__global__ void __launch_bounds__(NTHREADS) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
+// Dispatch receive, part 2: payload copies, one warp per received token (g, t), tokens
+// visited in (t, g) order (the order they arrive in: every sender sends in t order). The
+// warp waits for the token's flag, then reads the slot once (RECV_UNROLL 16-byte loads in
+// flight per lane) and stores it into each of the token's local-expert rows.
+constexpr int RECV_UNROLL = 4;
+__global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
                                                                  float* __restrict__ scales) {
+  __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int topk = p.topk, M = p.M;
+  const int topk = p.topk, M = p.M, G = p.G;
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  const long long items = (long long)p.G * M * topk;
-  for (long long it = (long long)warp * gridDim.x + blockIdx.x; it < items; it += (long long)gridDim.x * NWARPS) {
-    const int row = p.rowmap[it];
-    if (row < 0) continue;
-    const long long uu = it / topk;
-    const int gg = (int)(uu / M), tt = (int)(uu % M);
-    if (lane == 0)
-      wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
+  const bool vec = (p.row_bytes & 15) == 0;
+  const long long total = (long long)G * M;
+  const long long R = total * (topk < p.L ? topk : p.L);  // rows of the outputs
+  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
+    const int tt = (int)(i / G), gg = (int)(i % G);
+    const long long uu = (long long)gg * M + tt;
+    const int* rm = p.rowmap + uu * topk;
+    int nk = 0;
+    for (int k0 = 0; k0 < topk; k0 += 32) {
+      const int k = k0 + lane;
+      const int row = k < topk ? rm[k] : -1;
+      const bool ok = row >= 0 && row < R;
+      const unsigned b = __ballot_sync(0xffffffffu, ok);
+      if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+      nk += __popc(b);
+    }
     __syncwarp();
-    const char* src = p.sym + p.off_disp + uu * p.slot_bytes;
-    warp_copy(tokens + (long long)row * p.row_bytes, src, p.row_bytes, lane);
-    if (p.scale_bytes)
-      warp_copy(reinterpret_cast<char*>(scales) + (long long)row * p.scale_bytes, src + aligned_row, p.scale_bytes,
-                lane);
+    int arrived = 0;
+    if (nk > 0 && lane == 0)
+      arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
+    if (arrived) {  // nothing is copied after a timeout
+      const char* src = p.sym + p.off_disp + uu * p.slot_bytes;
+      if (vec) {
+        const int4* s = reinterpret_cast<const int4*>(src);
+        const int n16 = p.row_bytes >> 4;
+        for (int c0 = lane; c0 < n16; c0 += 32 * RECV_UNROLL) {
+          int4 v[RECV_UNROLL];
+#pragma unroll
+          for (int u = 0; u < RECV_UNROLL; ++u)
+            if (c0 + 32 * u < n16) v[u] = __ldcg(s + c0 + 32 * u);
+          for (int j = 0; j < nk; ++j) {
+            int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
+#pragma unroll
+            for (int u = 0; u < RECV_UNROLL; ++u)
+              if (c0 + 32 * u < n16) d[c0 + 32 * u] = v[u];
+          }
+        }
+      } else {
+        for (int j = 0; j < nk; ++j)
+          warp_copy(tokens + (long long)sh_rows[warp][j] * p.row_bytes, src, p.row_bytes, lane);
+      }
+      if (p.scale_bytes)
+        for (int j = 0; j < nk; ++j)
+          warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, src + aligned_row,
+                    p.scale_bytes, lane);
+    }
+    __syncwarp();  // sh_rows is rewritten by the next token
   }
 }
 
@@ -475,22 +583,81 @@ __device__ __forceinline__ void store_n(T* ptr, const float* f) {
   }
 }
 
+template <typename T, int N>
+__device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b)
+      reinterpret_cast<int4*>(&v)[b] = reinterpret_cast<const int4*>(ptr)[b];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v.v[i] = ptr[i];
+  }
+}
+
+// acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
+// without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
+// chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
+template <typename T, int N, int C, int RB>
+__device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
+                                         float (&acc)[C][N]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+  for (int j0 = 0; j0 < nk; j0 += RB) {
+    VecT<T, N> raw[RB][C];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (j0 + r < nk) {
+        if (ws) {
+          const float wj = ws[j0 + r];
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw[r][c].v[i])));
+        } else {
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], to_f<T>(raw[r][c].v[i]));
+        }
+      }
+    }
+  }
+}
+
+// Chunks per lane per step: two 16-byte vectors when a chunk is one vector (or scalar).
+template <typename T, int N>
+constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
+constexpr int ROW_BATCH = 4;
+
 // ---------------------------------------------------------------------------------------
 // Combine send: raise the round barrier at every rank, then one warp per source token held
 // here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
+// Tokens are visited in (t, g) order so local and remote destinations interleave and the
+// link is busy for the whole kernel.
 template <bool NVL, typename TY, typename TX, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                                 const float* __restrict__ w) {
-  __shared__ int sh_rows[NWARPS][64];
+  constexpr int C = chunks_per_step<TY, N>();
+  __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int topk = p.topk, H = p.H, M = p.M;
+  const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
 
-  const long long total = (long long)p.G * M;
-  for (long long u = (long long)warp * gridDim.x + blockIdx.x; u < total; u += (long long)gridDim.x * NWARPS) {
+  const long long total = (long long)G * M;
+  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
+    const int t = (int)(i / G), g = (int)(i % G);
+    const long long u = (long long)g * M + t;
     const int* rm = p.rowmap + u * topk;
     int nk = 0;
     for (int k0 = 0; k0 < topk; k0 += 32) {
@@ -499,38 +666,29 @@ __global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const 
       unsigned b = __ballot_sync(0xffffffffu, row >= 0);
       if (row >= 0) {
         int pos = nk + __popc(b & ((1u << lane) - 1));
-        sh_rows[warp][pos] = row;
+        sh_rows[warp][pos] = y + (long long)row * H;
         sh_w[warp][pos] = w ? w[row] : 1.0f;
       }
       nk += __popc(b);
     }
     __syncwarp();
     if (nk == 0) continue;
-    const int g = (int)(u / M), t = (int)(u % M);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
-    for (int h = lane * N; h < H; h += 32 * N) {
-      float acc[N];
+    for (int h = lane * N; h < H; h += 32 * N * C) {
+      float acc[C][N];
+      sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, H, acc);
 #pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-      for (int j = 0; j < nk; ++j) {
-        float v[N];
-        load_n<TY, N>(y + (long long)sh_rows[warp][j] * H + h, v);
-        if (w) {
-          const float wj = sh_w[warp][j];
-#pragma unroll
-          for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(wj, v[i]));
-        } else {
-#pragma unroll
-          for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
+      for (int c = 0; c < C; ++c) {
+        const int hh = h + c * 32 * N;
+        if (hh < H) {
+          if constexpr (NVL) {
+            for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
+          } else {
+            store_n<TX, N>(stage + hh, acc[c]);
+          }
         }
-      }
-      if constexpr (NVL) {
-        for (int q = 0; q < p.tp; ++q)
-          store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + h, acc);
-      } else {
-        store_n<TX, N>(stage + h, acc);
       }
     }
     __syncwarp();
@@ -557,6 +715,8 @@ template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const int* __restrict__ ids,
                                                                 const int* __restrict__ nptr, int n_host, int rows,
                                                                 TO* __restrict__ out) {
+  constexpr int C = chunks_per_step<TX, N>();
+  __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
@@ -576,22 +736,23 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
-    for (int r = lane; r < p.W; r += 32)
-      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t)), round, PH_COMBINE_RECV, r);
-    __syncwarp();
-    for (int h = lane * N; h < H; h += 32 * N) {
-      float acc[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-      for (unsigned long long m = mask; m; m &= m - 1) {
-        int r = __ffsll((long long)m) - 1;
-        float v[N];
-        load_n<TX, N>(reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes) + h, v);
-#pragma unroll
-        for (int i = 0; i < N; ++i) acc[i] = __fadd_rn(acc[i], v[i]);
+    for (int r = lane; r < p.W; r += 32) {
+      if ((mask >> r) & 1) {
+        wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t)), round, PH_COMBINE_RECV, r);
+        sh_src[warp][__popcll(mask & ((1ULL << r) - 1))] =
+            reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes);
       }
-      store_n<TO, N>(out + (long long)t * H + h, acc);
     }
+    __syncwarp();
+    const int nr = __popcll(mask);
+    for (int h = lane * N; h < H; h += 32 * N * C) {
+      float acc[C][N];
+      sum_rows<TX, N, C, ROW_BATCH>(sh_src[warp], nullptr, nr, h, H, acc);
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (h + c * 32 * N < H) store_n<TO, N>(out + (long long)t * H + h + c * 32 * N, acc[c]);
+    }
+    __syncwarp();
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -612,11 +773,28 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     TORCH_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x); \
   } while (0)
 
-static Params& P(int64_t ctx) { return *reinterpret_cast<Params*>(ctx); }
+// Host-side context: the kernels' Params plus what the overlapped dispatch receive needs.
+// overlap: dispatch_send forks a side stream (event `fork` recorded before the send kernel)
+// that runs the receive's plan + copy kernels concurrently with the send, and stashes their
+// outputs; dispatch_recv joins (event `join`) and returns them. Safe because the waiting
+// kernels never fill the GPU (plan: <= one 256-thread block per SM, copy: one 512-thread block
+// per SM), so the never-waiting send kernel can always be scheduled next to them.
+struct Ctx {
+  Params p;
+  bool overlap = false;
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  bool stashed = false;
+  std::vector<at::Tensor> stash;
+};
+
+static Ctx& CX(int64_t ctx) { return *reinterpret_cast<Ctx*>(ctx); }
+static Params& P(int64_t ctx) { return CX(ctx).p; }
 
 int64_t create_ctx(std::vector<int64_t> c) {
   TORCH_CHECK(c.size() >= 36, "create_ctx: short config");
-  auto* p = new Params();
+  auto* cx = new Ctx();
+  Params* p = &cx->p;
   int i = 0;
   p->W = c[i++]; p->G = c[i++]; p->tp = c[i++]; p->rank = c[i++];
   p->E = c[i++]; p->L = c[i++]; p->topk = c[i++]; p->H = c[i++]; p->M = c[i++];
@@ -637,42 +815,37 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
-  return reinterpret_cast<int64_t>(p);
+  const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
+  cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
+  if (cx->overlap) {
+    cudaPointerAttributes attr{};
+    CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
+    c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
+    CUDA_OK(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&cx->fork, cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&cx->join, cudaEventDisableTiming));
+  }
+  return reinterpret_cast<int64_t>(cx);
 }
 
-void destroy_ctx(int64_t ctx) { delete reinterpret_cast<Params*>(ctx); }
+void destroy_ctx(int64_t ctx) {
+  Ctx* cx = reinterpret_cast<Ctx*>(ctx);
+  cx->stash.clear();
+  if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
+  if (cx->fork) cudaEventDestroy(cx->fork);
+  if (cx->join) cudaEventDestroy(cx->join);
+  delete cx;
+}
 
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + p.L) * 4; }
 
-at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
-                         const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
-                         int64_t ctx) {
-  const Params& p = P(ctx);
-  c10::cuda::CUDAGuard guard(x.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  const int rows = x.size(0);
-  const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(p.num_sms, per_replica));
-  auto args = std::make_tuple(reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(),
-                              w ? w->data_ptr<float>() : nullptr, scale ? scale->data_ptr<float>() : nullptr,
-                              ntok ? ntok->data_ptr<int>() : nullptr);
-  if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, NTHREADS, 0, stream>>>(p, std::get<0>(args), std::get<1>(args), std::get<2>(args),
-                                                                std::get<3>(args), std::get<4>(args), (int)n_host, rows);
-  else
-    dispatch_send_kernel<false><<<blocks, NTHREADS, 0, stream>>>(p, std::get<0>(args), std::get<1>(args), std::get<2>(args),
-                                                                 std::get<3>(args), std::get<4>(args), (int)n_host, rows);
-  CUDA_OK(cudaGetLastError());
-  return at::empty({0}, x.options().dtype(at::kInt));
-}
-
-std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_t in_dtype_code, bool weighted) {
-  const Params& p = P(ctx);
-  c10::cuda::CUDAGuard guard(dep.device());
-  auto stream = c10::cuda::getCurrentCUDAStream();
+// Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
+// `stream`.
+static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
+                                                    bool weighted, cudaStream_t stream) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
-  auto dev = dep.options();
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
+  TORCH_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
   at::Tensor tokens = at::empty({R, p.H}, dev.dtype(codes[in_dtype_code]));
   at::Tensor scales = at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat));
   at::Tensor weights = at::empty({weighted ? R : 0}, dev.dtype(at::kFloat));
@@ -693,12 +866,76 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
       tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(), sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(),
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
-  const long long items = (long long)p.G * p.M * p.topk;
-  int cblocks = (int)std::max(1LL, std::min<long long>(2LL * p.num_sms, (items + NWARPS - 1) / NWARPS));
+  const long long toks = (long long)p.G * p.M;
+  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
   dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(p, reinterpret_cast<char*>(tokens.data_ptr()),
                                                          scales.data_ptr<float>());
   CUDA_OK(cudaGetLastError());
   return {tokens, scales, weights, tpe, offs, sg, st, sk};
+}
+
+static int64_t dtype_code_of(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return 0;
+    case at::kHalf: return 1;
+    case at::kFloat: return 2;
+    case at::kFloat8_e4m3fn: return 3;
+    default: return -1;
+  }
+}
+
+at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                         const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                         int64_t ctx) {
+  Ctx& cx = CX(ctx);
+  const Params& p = cx.p;
+  c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (cx.stashed) {  // a send whose receive never ran: join its side-stream work before dropping it
+    CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
+    cx.stash.clear();
+    cx.stashed = false;
+  }
+  const int64_t code = dtype_code_of(x.scalar_type());
+  const bool overlap = cx.overlap && code >= 0;
+  if (overlap) CUDA_OK(cudaEventRecord(cx.fork, stream));
+  const int rows = x.size(0);
+  const int per_replica = (p.M + p.tp - 1) / p.tp;
+  int blocks = std::max(1, std::min(4 * p.num_sms, per_replica));
+  const char* xp = reinterpret_cast<const char*>(x.data_ptr());
+  const int* ip = ids.data_ptr<int>();
+  const float* wp = w ? w->data_ptr<float>() : nullptr;
+  const float* sp = scale ? scale->data_ptr<float>() : nullptr;
+  const int* np = ntok ? ntok->data_ptr<int>() : nullptr;
+  if (p.nvl)
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+  else
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+  CUDA_OK(cudaGetLastError());
+  if (overlap) {
+    // Receive side on the side stream, concurrent with the send (see Ctx).
+    CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
+    cx.stash = launch_dispatch_recv(p, x.options(), code, w.has_value(), cx.side);
+    CUDA_OK(cudaEventRecord(cx.join, cx.side));
+    cx.stashed = true;
+  }
+  return at::empty({0}, x.options().dtype(at::kInt));
+}
+
+std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_t in_dtype_code, bool weighted) {
+  Ctx& cx = CX(ctx);
+  c10::cuda::CUDAGuard guard(dep.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (cx.stashed) {
+    CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
+    std::vector<at::Tensor> out = std::move(cx.stash);
+    cx.stash.clear();
+    cx.stashed = false;
+    TORCH_CHECK(dtype_code_of(out[0].scalar_type()) == in_dtype_code && (out[2].numel() > 0 || !weighted),
+                "dispatch_recv: does not match the pending dispatch_send");
+    return out;
+  }
+  return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, stream);
 }
 
 template <bool NVL, typename TY, typename TX>

@@ -10,6 +10,10 @@ exits. The backend checks that word, without any device sync, at the start of ev
 after every receive, so the `RuntimeError` naming phase and peer surfaces at the latest at
 the next op (at once with `sync_check=True`, or after any stream sync with `check_error()`).
 No host sync anywhere else: all four ops can be captured in a CUDA graph.
+
+Overlap: `dispatch_send` also launches the receive side (plan + copy kernels) on a side
+stream of the arena, concurrent with the send; `dispatch_recv` joins it (events, graph
+capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) turns it off.
 """
 
 from __future__ import annotations
