@@ -19,4 +19,11 @@ fi
 if ! .venv/bin/python -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}  # no GPU to probe: build for H100/H200
 fi
-.venv/bin/python -m pip install -q --no-build-isolation -e ".[test,megatron,nvshmem]"
+# Reinstall (and rebuild the extension) only when the build inputs changed: Python edits
+# need nothing, the install is editable.
+stamp=.venv/.moe_backend_build_stamp
+inputs=$(cat setup.py csrc/* 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
+  .venv/bin/python -m pip install -q --no-build-isolation -e ".[test,megatron,nvshmem]"
+  echo "$inputs" > "$stamp"
+fi
