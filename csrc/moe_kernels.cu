@@ -39,6 +39,7 @@ struct Params {
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=dispatch arrive [2]=dispatch grid flag [3]=combine arrive [4]=err
+                              // [5]=dispatch copy work counter (reset by the plan kernel every round)
   int* cnt;      // [nchunks, L]
   int* base;     // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
@@ -275,9 +276,16 @@ __device__ void write_table(const Params& p, bool to_peers, long long toff, char
 // flag = round. A whole block per token (a few hundred tokens in flight GPU-wide) keeps
 // the link busy while tokens land in t order, so the receiver's copy can follow the
 // arrival front instead of waiting for one big wave.
+// Ranks of the sender's own group get nothing: their receive copies those tokens straight
+// from their own `x` (every replica of a group holds the same x), which saves the link-free
+// but HBM-costly self copy (~58 MB written + read again at the DeepSeek prefill shape).
+// Register cap (<= 64, __launch_bounds__(.., 8)): SEND_BLOCKS_PER_SM send blocks plus one
+// 512-thread copy block at 64 registers must fit one SM's 64K registers, or the overlapped
+// copy cannot start until the send blocks retire (it did: 90 registers, tail 168 us).
 constexpr int SEND_THREADS = 128;
+constexpr int SEND_BLOCKS_PER_SM = 3;
 template <bool NVL>
-__global__ void __launch_bounds__(SEND_THREADS) dispatch_send_kernel(Params p, const char* __restrict__ x,
+__global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p, const char* __restrict__ x,
                                                                      const int* __restrict__ ids,
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
@@ -311,6 +319,8 @@ __global__ void __launch_bounds__(SEND_THREADS) dispatch_send_kernel(Params p, c
   }
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
+  const unsigned long long own_ranks =
+      p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
   for (int i = blockIdx.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
@@ -322,7 +332,7 @@ __global__ void __launch_bounds__(SEND_THREADS) dispatch_send_kernel(Params p, c
     }
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
-    mask = ((unsigned long long)hi << 32) | lo;
+    mask = (((unsigned long long)hi << 32) | lo) & ~own_ranks;
     if (!mask) continue;
     const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
     const char* xs = x + (long long)t * p.row_bytes;
@@ -432,6 +442,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       }
       offs[L] = run;
       p.state[1] = 0;
+      p.state[5] = 0;  // the copy kernel's work counter (it runs after this kernel, same stream)
       __threadfence();
       st_release_gpu(&p.state[2], round);
     }
@@ -475,43 +486,67 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 
 }
 
-// Dispatch receive, part 2: payload copies, one warp per received token (g, t), tokens
-// visited in (t, g) order (the order they arrive in: every sender sends in t order). The
-// warp waits for the token's flag, then reads the slot once (RECV_UNROLL 16-byte loads in
-// flight per lane) and stores it into each of the token's local-expert rows.
+// Dispatch receive, part 2: payload copies, one warp per received token (g, t). Warps take
+// tokens from a work counter (state[5], reset by the plan kernel) in this order: first the
+// own group's tokens, read straight from this rank's `x` / `x_scale` (the sender skips its own
+// group, so they need no flag and no link), then the other groups' tokens in (t, g) order,
+// the order they arrive in (every sender sends in t order): the copy works on local rows
+// while the link delivers, then follows the arrival front. Dynamic, so a copy block that
+// starts late (its SM still busy with send blocks) delays no particular token. For a remote
+// token the warp waits for its flag, then reads the slot once (RECV_UNROLL 16-byte loads in
+// flight per lane) and stores it into each of the token's local-expert rows with streaming
+// stores (the ~470 MB of rows at the prefill shape must not evict the slots from L2).
 constexpr int RECV_UNROLL = 4;
 __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
-                                                                 float* __restrict__ scales) {
+                                                                    float* __restrict__ scales,
+                                                                    const char* __restrict__ x,
+                                                                    const char* __restrict__ xscale, int xrows) {
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int topk = p.topk, M = p.M, G = p.G;
+  const int topk = p.topk, M = p.M, G = p.G, me = p.group;
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  const bool vec = (p.row_bytes & 15) == 0;
   const long long total = (long long)G * M;
   const long long R = total * (topk < p.L ? topk : p.L);  // rows of the outputs
-  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
-    const int tt = (int)(i / G), gg = (int)(i % G);
+  for (;;) {
+    unsigned long long next = 0;
+    if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
+    const long long i = (long long)__shfl_sync(0xffffffffu, next, 0);
+    if (i >= total) break;
+    int gg, tt;
+    if (i < M) {
+      gg = me;
+      tt = (int)i;
+    } else {
+      const long long j = i - M;
+      tt = (int)(j / (G - 1));
+      const int o = (int)(j % (G - 1));
+      gg = o < me ? o : o + 1;
+    }
+    const bool own = gg == me;
     const long long uu = (long long)gg * M + tt;
     const int* rm = p.rowmap + uu * topk;
     int nk = 0;
-    for (int k0 = 0; k0 < topk; k0 += 32) {
-      const int k = k0 + lane;
-      const int row = k < topk ? rm[k] : -1;
-      const bool ok = row >= 0 && row < R;
-      const unsigned b = __ballot_sync(0xffffffffu, ok);
-      if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
-      nk += __popc(b);
+    if (!own || tt < xrows) {  // own rows past x's rows: only after a timeout (garbage plan)
+      for (int k0 = 0; k0 < topk; k0 += 32) {
+        const int k = k0 + lane;
+        const int row = k < topk ? rm[k] : -1;
+        const bool ok = row >= 0 && row < R;
+        const unsigned b = __ballot_sync(0xffffffffu, ok);
+        if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+        nk += __popc(b);
+      }
     }
     __syncwarp();
-    int arrived = 0;
-    if (nk > 0 && lane == 0)
+    int arrived = own ? 1 : 0;
+    if (!own && nk > 0 && lane == 0)
       arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
     arrived = __shfl_sync(0xffffffffu, arrived, 0);
     __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
-    if (arrived) {  // nothing is copied after a timeout
-      const char* src = p.sym + p.off_disp + uu * p.slot_bytes;
-      if (vec) {
+    if (nk > 0 && arrived) {  // nothing is copied after a timeout
+      const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
+      const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
+      if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
         const int4* s = reinterpret_cast<const int4*>(src);
         const int n16 = p.row_bytes >> 4;
         for (int c0 = lane; c0 < n16; c0 += 32 * RECV_UNROLL) {
@@ -523,7 +558,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
             int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
 #pragma unroll
             for (int u = 0; u < RECV_UNROLL; ++u)
-              if (c0 + 32 * u < n16) d[c0 + 32 * u] = v[u];
+              if (c0 + 32 * u < n16) __stcs(d + c0 + 32 * u, v[u]);
           }
         }
       } else {
@@ -532,7 +567,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       }
       if (p.scale_bytes)
         for (int j = 0; j < nk; ++j)
-          warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, src + aligned_row,
+          warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, ssrc,
                     p.scale_bytes, lane);
     }
     __syncwarp();  // sh_rows is rewritten by the next token
@@ -786,9 +821,18 @@ struct Ctx {
   cudaEvent_t fork = nullptr, join = nullptr;
   bool stashed = false;
   std::vector<at::Tensor> stash;
+  // The own group's tokens are copied from the caller's x / x_scale by the receive (the send
+  // skips them), so the last send's x and x_scale are held until its receive has been
+  // launched (non-overlapped) or joined (overlapped): the caching allocator must not hand
+  // their memory out while the side stream may still read it. The caller must not modify
+  // x / x_scale between dispatch_send and dispatch_recv.
+  at::Tensor keep_x, keep_s;
 };
 
-static Ctx& CX(int64_t ctx) { return *reinterpret_cast<Ctx*>(ctx); }
+static Ctx& CX(int64_t ctx) {
+  TORCH_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
+  return *reinterpret_cast<Ctx*>(ctx);
+}
 static Params& P(int64_t ctx) { return CX(ctx).p; }
 
 int64_t create_ctx(std::vector<int64_t> c) {
@@ -831,6 +875,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
 void destroy_ctx(int64_t ctx) {
   Ctx* cx = reinterpret_cast<Ctx*>(ctx);
   cx->stash.clear();
+  cx->keep_x = at::Tensor();
+  cx->keep_s = at::Tensor();
   if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
   if (cx->fork) cudaEventDestroy(cx->fork);
   if (cx->join) cudaEventDestroy(cx->join);
@@ -842,7 +888,8 @@ static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L 
 // Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
 // `stream`.
 static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
-                                                    bool weighted, cudaStream_t stream) {
+                                                    bool weighted, const at::Tensor& x, const at::Tensor& xs,
+                                                    cudaStream_t stream) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
   TORCH_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
@@ -868,8 +915,10 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   CUDA_OK(cudaGetLastError());
   const long long toks = (long long)p.G * p.M;
   int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
-  dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(p, reinterpret_cast<char*>(tokens.data_ptr()),
-                                                         scales.data_ptr<float>());
+  dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
+      p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+      reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
+      (int)x.size(0));
   CUDA_OK(cudaGetLastError());
   return {tokens, scales, weights, tpe, offs, sg, st, sk};
 }
@@ -896,12 +945,14 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
     cx.stash.clear();
     cx.stashed = false;
   }
+  cx.keep_x = x;
+  cx.keep_s = scale ? *scale : at::Tensor();
   const int64_t code = dtype_code_of(x.scalar_type());
   const bool overlap = cx.overlap && code >= 0;
   if (overlap) CUDA_OK(cudaEventRecord(cx.fork, stream));
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(4 * p.num_sms, per_replica));
+  int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const int* ip = ids.data_ptr<int>();
   const float* wp = w ? w->data_ptr<float>() : nullptr;
@@ -915,7 +966,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
-    cx.stash = launch_dispatch_recv(p, x.options(), code, w.has_value(), cx.side);
+    cx.stash = launch_dispatch_recv(p, x.options(), code, w.has_value(), x, cx.keep_s, cx.side);
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.stashed = true;
   }
@@ -931,11 +982,17 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
     std::vector<at::Tensor> out = std::move(cx.stash);
     cx.stash.clear();
     cx.stashed = false;
+    cx.keep_x = at::Tensor();  // joined: later reuse of their memory is ordered after the copy
+    cx.keep_s = at::Tensor();
     TORCH_CHECK(dtype_code_of(out[0].scalar_type()) == in_dtype_code && (out[2].numel() > 0 || !weighted),
                 "dispatch_recv: does not match the pending dispatch_send");
     return out;
   }
-  return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, stream);
+  TORCH_CHECK(cx.keep_x.defined(), "dispatch_recv: no pending dispatch_send");
+  at::Tensor x = std::move(cx.keep_x), xs = std::move(cx.keep_s);
+  cx.keep_x = at::Tensor();
+  cx.keep_s = at::Tensor();
+  return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
 }
 
 template <bool NVL, typename TY, typename TX>

@@ -11,6 +11,10 @@ after every receive, so the `RuntimeError` naming phase and peer surfaces at the
 the next op (at once with `sync_check=True`, or after any stream sync with `check_error()`).
 No host sync anywhere else: all four ops can be captured in a CUDA graph.
 
+Own group: the send skips the ranks of its own group, whose receive copies those tokens from
+its own `x` / `x_scale` (identical on every replica). So `x` and `x_scale` must not be modified
+between `dispatch_send` and `dispatch_recv` (the extension holds a reference until then).
+
 Overlap: `dispatch_send` also launches the receive side (plan + copy kernels) on a side
 stream of the arena, concurrent with the send; `dispatch_recv` joins it (events, graph
 capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) turns it off.
@@ -30,6 +34,11 @@ from . import nvshmem_runtime as rt
 from .base import Backend, Received
 
 _ops = torch.ops.moe_backend
+# The ops' OpOverloads, resolved once: calling them skips OpOverloadPacket.__call__.
+_dispatch_send = _ops.dispatch_send.default
+_dispatch_recv = _ops.dispatch_recv.default
+_combine_send = _ops.combine_send.default
+_combine_recv = _ops.combine_recv.default
 
 
 class NvshmemBackend(Backend):
@@ -62,6 +71,8 @@ class NvshmemBackend(Backend):
         self.arena = rt.acquire(spec, transport, float(timeout_s), group, device)
         self.transport = self.arena.transport
         self._in_code = rt.dtype_code(spec.in_dtype)
+        self._fp8 = spec.in_dtype == FP8
+        self._ctx = self.arena.ctx
 
     @property
     def ctx(self) -> int:
@@ -83,19 +94,23 @@ class NvshmemBackend(Backend):
         return None, int(num_tokens)
 
     def dispatch_send(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
-        self.arena.check()
-        self.arena.claim(self)
-        nt, nh = self._split_n(num_tokens)
-        dep = _ops.dispatch_send(x, topk_ids, topk_weights, x_scale, nt, nh, self.ctx)
+        arena = self.arena
+        arena.check()
+        if arena.owner is not self:
+            arena.claim(self)
+        if isinstance(num_tokens, torch.Tensor):
+            dep = _dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens, 0, self._ctx)
+        else:
+            dep = _dispatch_send(x, topk_ids, topk_weights, x_scale, None, int(num_tokens), self._ctx)
         return dep, topk_weights is not None
 
     def dispatch_recv(self, pending) -> Received:
         dep, weighted = pending
-        tokens, scales, weights, tpe, offs, sg, st, sk = _ops.dispatch_recv(dep, self.ctx, self._in_code, weighted)
+        tokens, scales, weights, tpe, offs, sg, st, sk = _dispatch_recv(dep, self._ctx, self._in_code, weighted)
         self._after_recv()
         return Received(
             tokens=tokens,
-            scales=scales if self.spec.in_dtype == FP8 else None,
+            scales=scales if self._fp8 else None,
             weights=weights if weighted else None,
             tokens_per_expert=tpe,
             expert_offsets=offs,
@@ -108,13 +123,13 @@ class NvshmemBackend(Backend):
     def combine_send(self, expert_y, handle: Handle, weights) -> Any:
         self.arena.check()
         dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
-        dep = _ops.combine_send(expert_y, weights, dep, self.ctx)
+        dep = _combine_send(expert_y, weights, dep, self._ctx)
         return dep, handle.topk_ids, handle.num_tokens
 
     def combine_recv(self, pending, out: torch.Tensor) -> torch.Tensor:
         dep, topk_ids, num_tokens = pending
         nt, nh = self._split_n(num_tokens)
-        _ops.combine_recv(dep, topk_ids, nt, nh, out, self.ctx)
+        _combine_recv(dep, topk_ids, nt, nh, out, self._ctx)
         if self.arena.owner is self:
             self.arena.owner = None
         self._after_recv()
@@ -122,6 +137,7 @@ class NvshmemBackend(Backend):
 
     def close(self) -> None:
         arena, self.arena = self.arena, None
+        self._ctx = 0
         if arena is not None:
             if arena.owner is self:
                 arena.owner = None

@@ -216,6 +216,7 @@ class Arena:
         self.rowmap = torch.full((spec.num_groups * spec.max_num_tokens * spec.topk,), -1, dtype=torch.int32,
                                  device=device)
         self.err = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+        self._err_flag = self.err.numpy()  # numpy view of the pinned word: ~0.1 us to read vs ~1.3 us for err[0]
         s = row_sizes(spec)
         out_code = _DTYPE_CODE[spec.out_dtype]
         lay = self.layout
@@ -243,7 +244,7 @@ class Arena:
     # -- errors ----------------------------------------------------------------------
     def check(self) -> None:
         """Raise if a kernel recorded a timeout (reads pinned host memory: no device sync)."""
-        if self.broken is None and int(self.err[0]) != 0:
+        if self.broken is None and self._err_flag[0] != 0:
             phase, peer, rnd = (int(v) for v in self.err[1:4].tolist())
             who = f"rank {peer}" if peer >= 0 else "the other blocks of the kernel"
             self.broken = (
