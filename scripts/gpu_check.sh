@@ -8,6 +8,10 @@ out=${1:-${OUT:-/tmp/moe_gpu_check}}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+# The device copy of the tree has no .git: the commit comes from a carried .commit file
+# (`git rev-parse HEAD > .commit`, then carry it) or the environment.
+[ -n "${MOE_BACKEND_COMMIT:-}" ] || MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+export MOE_BACKEND_COMMIT
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
