@@ -80,3 +80,10 @@ def test_oracle_catches_a_wrong_layout(pool: RankPool) -> None:
 
 def test_padded_view(pool: RankPool) -> None:
     pool.run(tasks.padded_view, "reference")
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_contract_matrix_static_shapes(pool: RankPool, tp_size: int) -> None:
+    """The same checks with the GPU backends' static row count and poisoned padding rows."""
+    counts = pool.run(tasks.contract_matrix, "reference", tp_size, SEED + 7, {"static_shapes": True})
+    assert counts == [len(tasks.DTYPE_COMBOS) * len(ROUTINGS) * 3] * pool.world, f"seed {SEED}"

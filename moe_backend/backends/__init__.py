@@ -34,11 +34,12 @@ def create_backend(
     if name == "auto":
         name = "nvshmem" if device.type == "cuda" and nvshmem_available()[0] else "reference"
     if name == "reference":
-        if options:
-            raise ValueError(f"the reference backend takes no options, got {sorted(options)}")
+        unknown = sorted(set(options) - {"static_shapes"})
+        if unknown:
+            raise ValueError(f"the reference backend takes only 'static_shapes', got {unknown}")
         from .reference import ReferenceBackend
 
-        return ReferenceBackend(spec, group, device)
+        return ReferenceBackend(spec, group, device, **options)
     ok, why = nvshmem_available()
     if not ok:
         raise RuntimeError(f"backend 'nvshmem' is unavailable: {why}")

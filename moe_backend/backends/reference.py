@@ -30,6 +30,14 @@ def _from_bytes(b: torch.Tensor, dtype: torch.dtype, cols: int) -> torch.Tensor:
     return b.reshape(-1).clone().view(dtype).reshape(b.shape[0], cols)
 
 
+def _pad_with_poison(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` extended to `rows` rows of 0xFF bytes (NaN for floats, -1 for ints)."""
+    out = torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    out.view(torch.uint8).fill_(0xFF)
+    out[: t.shape[0]] = t
+    return out
+
+
 def token_rank_mask(topk_ids: torch.Tensor, num_local: int, world: int) -> torch.Tensor:
     """`[T, world]` bool: token t has at least one (undropped) expert on rank r."""
     valid = topk_ids >= 0
@@ -47,7 +55,15 @@ class _PendingCombine:
 
 
 class ReferenceBackend(Backend):
+    """`static_shapes=True` returns the GPU backends' static row count
+    (`spec.max_recv_tokens`), with poison past the valid rows: it lets the CPU suite cover
+    every caller's handling of static shapes (CUDA graphs, the nvshmem backend)."""
+
     name = "reference"
+
+    def __init__(self, spec, group, device, static_shapes: bool = False):
+        super().__init__(spec, group, device)
+        self.static_shapes = static_shapes
 
     def _host_num_tokens(self, num_tokens: int | torch.Tensor) -> int:
         return int(num_tokens.item()) if isinstance(num_tokens, torch.Tensor) else num_tokens
@@ -111,15 +127,19 @@ class ReferenceBackend(Backend):
         counts = torch.bincount(expert, minlength=spec.num_local_experts)
         offsets = torch.zeros(spec.num_local_experts + 1, dtype=torch.int64, device=recv.device)
         torch.cumsum(counts, 0, out=offsets[1:])
+        rows = [tokens, scales, weights, group[order].int(), token[order].int(), kpos[order].int()]
+        if self.static_shapes:
+            rows = [None if t is None else _pad_with_poison(t, spec.max_recv_tokens) for t in rows]
+        tokens, scales, weights, src_group, src_token, src_k = rows
         return Received(
             tokens=tokens,
             scales=scales,
             weights=weights,
             tokens_per_expert=counts,
             expert_offsets=offsets,
-            src_group=group[order].int(),
-            src_token=token[order].int(),
-            src_k=kpos[order].int(),
+            src_group=src_group,
+            src_token=src_token,
+            src_k=src_k,
         )
 
     def combine_send(self, expert_y, handle: Handle, weights):
