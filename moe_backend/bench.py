@@ -144,6 +144,69 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     return {"phases": result_stats, "host_us": host_stats, "bytes_across_max_rank": total}
 
 
+def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock, dispatch_us: float) -> dict[str, Any]:
+    """Dispatch send, an independent matmul of about the dispatch's length, dispatch receive.
+
+    Reports the medians (slowest rank) and `ratio` = overlapped / max(dispatch alone, matmul
+    alone): 1.0 is perfect overlap, 2.0 none. The combine that must follow each dispatch
+    runs outside the timed window.
+    """
+    spec, device = comm.spec, comm.device
+    x, ids, _, scale = make_routing(spec, n, preset.bench.seed, device)
+    flag = torch.ones(1, device=device)
+    dim = 2048 if device.type == "cuda" else 256
+    a = torch.randn(dim, dim, device=device).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    y: torch.Tensor | None = None
+
+    def matmuls(reps: int) -> None:
+        for _ in range(reps):
+            torch.mm(a, a)
+
+    def dispatch_around(reps: int) -> tuple[Any, Any]:
+        nonlocal y
+        m0 = clock.mark()
+        receiver = comm.dispatch_send(x, ids, None, scale)
+        matmuls(reps)
+        result = receiver.recv()
+        m1 = clock.mark()
+        if y is None:
+            y = torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=device)
+        comm.combine(y, result.handle)  # keeps the dispatch/combine alternation
+        return m0, m1
+
+    def matmul_only(reps: int) -> tuple[Any, Any]:
+        m0 = clock.mark()
+        matmuls(reps)
+        return m0, clock.mark()
+
+    def median_us(body: Callable[[int], tuple[Any, Any]], reps: int, iters: int) -> dict[str, float]:
+        samples = []
+        for i in range(iters + 3):
+            barrier(device, flag)
+            m0, m1 = body(reps)
+            if i >= 3:
+                clock.sync()
+                samples.append(clock.elapsed_us(m0, m1))
+        return stats(samples)
+
+    one = median_us(matmul_only, 1, 10)["median"]
+    reps = max(1, round(dispatch_us / max(one, 1e-3)))  # a matmul chain about as long as the dispatch
+    iters = min(preset.bench.iters, 50)
+    med = max_over_ranks({
+        "dispatch": median_us(dispatch_around, 0, iters),
+        "matmul": median_us(matmul_only, reps, iters),
+        "overlapped": median_us(dispatch_around, reps, iters),
+    })
+    alone = max(med["dispatch"]["median"], med["matmul"]["median"])
+    return {
+        "matmul_reps": reps,
+        "dispatch_us": med["dispatch"]["median"],
+        "matmul_us": med["matmul"]["median"],
+        "overlapped_us": med["overlapped"]["median"],
+        "ratio": med["overlapped"]["median"] / alone,
+    }
+
+
 def _gather(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -219,12 +282,21 @@ def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy
     spec = preset.comm.to_spec(dist.get_world_size())
     rows: list[dict[str, Any]] = []
     for label, name, options in backends_to_run(backend, device):
-        # Value checks of topk_ids read the device (a host sync): off while timing.
-        comm = Communicator(spec, backend=name, device=device, check_inputs=False, **options)
+        comm = None
         for n in preset.bench.num_tokens:
+            if comm is None or preset.bench.size_each:
+                if comm is not None:
+                    comm.close()
+                size = dataclasses.replace(spec, max_num_tokens=n) if preset.bench.size_each else spec
+                # Value checks of topk_ids read the device (a host sync): off while timing.
+                comm = Communicator(size, backend=name, device=device, check_inputs=False, **options)
             progress(f"{preset.name}: {label}, {n} tokens/rank, {preset.bench.iters} iters")
-            rows.append({"backend": label, "num_tokens": n, **time_comm(comm, n, preset, clock)})
-        comm.close()
+            row = {"backend": label, "num_tokens": n, **time_comm(comm, n, preset, clock)}
+            if preset.bench.overlap:
+                row["overlap"] = time_overlap(comm, n, preset, clock, row["phases"]["dispatch"]["median"])
+            rows.append(row)
+        if comm is not None:
+            comm.close()
     for n in preset.bench.num_tokens:
         progress(f"{preset.name}: dense all_to_all baseline, {n} tokens/rank")
         rows.append({"backend": f"dense_all_to_all_{dist.get_backend()}", "num_tokens": n,
@@ -290,6 +362,12 @@ def format_table(report: dict[str, Any]) -> str:
         frac = row.get("fraction_of_copy_rate")
         fr = f"{100 * frac['dispatch']:>5.0f}/{100 * frac['combine']:<5.0f}" if frac and len(frac) == 2 else f"{'':>11}"
         lines.append(f"{row['backend']:<26}{row['num_tokens']:>7}{cells}{speed} {fr}")
+    for row in report["rows"]:
+        if "overlap" in row:
+            o = row["overlap"]
+            lines.append(f"overlap {row['backend']:<18}{row['num_tokens']:>7}: dispatch {o['dispatch_us']:.1f} us, "
+                         f"matmul x{o['matmul_reps']} {o['matmul_us']:.1f} us, send+matmul+recv "
+                         f"{o['overlapped_us']:.1f} us = {o['ratio']:.2f}x the longer alone")
     lines.append("(median us per phase, slowest rank; 'dispatch'/'combine' = send + recv)")
     return "\n".join(lines)
 

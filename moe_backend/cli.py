@@ -97,7 +97,7 @@ def _buffer_sizes(spec: Any) -> dict[str, int] | None:
 
 
 # -- bench ----------------------------------------------------------------------------------
-def _bench_body(presets: list[BenchPreset], backend: str, out: str | None) -> None:
+def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot: str | None) -> None:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
     for preset in presets:
@@ -108,6 +108,11 @@ def _bench_body(presets: list[BenchPreset], backend: str, out: str | None) -> No
     if dist.get_rank() == 0 and out:
         benchmod.write_json(out, reports)
         say(f"wrote {out}")
+    if dist.get_rank() == 0 and plot:
+        from .bench_plot import plot_latency
+
+        why_not = plot_latency(reports, plot)
+        say(f"no plot: {why_not}" if why_not else f"wrote {plot}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -125,7 +130,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset.bench.world_size = args.world_size
         preset.validate()
         presets.append(preset)
-    return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out)
+    return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot)
 
 
 # -- selftest -------------------------------------------------------------------------------
@@ -177,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, help="override the preset's warm-up iterations")
     b.add_argument("--num-tokens", type=int, nargs="+", help="override the preset's tokens per rank")
     b.add_argument("--out", help="write the results as JSON here")
+    b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("selftest", help="run the contract checks across processes")

@@ -61,6 +61,12 @@ class BenchConfig:
     backend: str = "auto"
     weighted: bool = False
     seed: int = 0
+    # One communicator per token count with max_num_tokens = that count (a deployment sized
+    # for its batch), instead of one sized by comm.max_num_tokens for all counts.
+    size_each: bool = False
+    # Also time dispatch send, an independent matmul of about the dispatch's length, then
+    # dispatch receive, against the longer of the two alone.
+    overlap: bool = False
 
 
 @dataclasses.dataclass

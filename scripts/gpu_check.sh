@@ -30,7 +30,7 @@ python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem bac
 python3 -m pytest -m gpu tests/gpu -q -s -rA -k "not layer_bench" 2>&1 | tee "$out/pytest.log"  # full layer bench below
 rc=${PIPESTATUS[0]}
 # The benchmark of record: every preset, reference (NCCL) and both nvshmem transports.
-python3 -m moe_backend.cli bench --all-presets --backend all --out "$out/bench.json" 2>&1 | tee "$out/bench.log"
+python3 -m moe_backend.cli bench --all-presets --backend all --out "$out/bench.json" --plot "$out/bench.png" 2>&1 | tee "$out/bench.log"
 # The layer benchmark last, in whatever remains of the time budget (its JSON is rewritten
 # after every dispatcher, so a cut-short run still reports the dispatchers it finished).
 left=$(( ${GPU_CHECK_BUDGET_S:-300} - SECONDS ))

@@ -28,14 +28,22 @@ def test_info_prints_devices_backend_and_sizes() -> None:
 def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     # Few iterations and smaller prefill batches: CI checks the tool, not CPU speed.
+    png = tmp_path / "bench.png"
     res = cli("bench", "--all-presets", "--backend", "reference", "--iters", "2", "--warmup", "1",
-              "--num-tokens", "1", "64", "--out", str(out))
+              "--num-tokens", "1", "64", "--out", str(out), "--plot", str(png))
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("deepseek-decode", "deepseek-prefill", "mixtral"):
+    names = ["deepseek-decode", "deepseek-prefill", "deepseek-sweep", "mixtral"]
+    for name in names:
         assert f"== {name}:" in res.stdout
     report = json.loads(out.read_text())
     assert {"date", "commit", "torch", "world_size"} <= set(report["machine"])
-    assert [r["preset"] for r in report["results"]] == ["deepseek-decode", "deepseek-prefill", "mixtral"]
+    assert [r["preset"] for r in report["results"]] == names
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep = report["results"][2]
+    assert sweep["config"]["bench"]["size_each"] and not report["results"][0]["config"]["bench"]["size_each"]
+    for row in (r for r in sweep["rows"] if r["backend"] == "reference"):
+        o = row["overlap"]  # the sweep preset also times dispatch around an independent matmul
+        assert o["matmul_reps"] >= 1 and o["ratio"] == o["overlapped_us"] / max(o["dispatch_us"], o["matmul_us"])
     for preset in report["results"]:
         ref = [r for r in preset["rows"] if r["backend"] == "reference"]
         assert [r["num_tokens"] for r in ref] == [1, 64]

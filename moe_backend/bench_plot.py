@@ -1,0 +1,48 @@
+"""PNG of a `moe-backend bench` run: latency against tokens per rank, per backend.
+
+One row of panels per preset (dispatch, combine), log-log, with the floor set by the
+GPU-to-GPU copy rate: the bytes that must cross, over that rate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_latency(reports: list[dict[str, Any]], path: str | Path) -> str | None:
+    """Write the PNG; returns why not when matplotlib is missing (the `plot` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[plot]')"
+    fig, axes = plt.subplots(len(reports), 2, figsize=(12, 4.2 * len(reports)), squeeze=False)
+    for (ax_d, ax_c), report in zip(axes, reports):
+        backends = sorted({r["backend"] for r in report["rows"]})
+        for op, ax in (("dispatch", ax_d), ("combine", ax_c)):
+            for i, backend in enumerate(backends):  # one colour per backend in every panel
+                rows = sorted((r for r in report["rows"] if r["backend"] == backend and op in r["phases"]),
+                              key=lambda r: r["num_tokens"])
+                if rows:
+                    ax.plot([r["num_tokens"] for r in rows], [r["phases"][op]["median"] for r in rows],
+                            marker="o", color=f"C{i}", label=backend)
+            rate = report.get("copy_rate_gbps")
+            moved = sorted({(r["num_tokens"], r["bytes_across_max_rank"][op]) for r in report["rows"]
+                            if "bytes_across_max_rank" in r})
+            if rate and moved:
+                ax.plot([n for n, _ in moved], [b / (rate * 1e3) for _, b in moved], "k--",
+                        label=f"copy-rate floor ({rate:.0f} GB/s)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("tokens per rank")
+            ax.set_ylabel(f"{op} median (us, slowest rank)")
+            ax.set_title(f"{report['preset']}: {op}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
