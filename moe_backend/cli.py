@@ -79,21 +79,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"config {preset.name} at world size {world}: {spec.describe()}")
     print(f"  local experts {spec.num_local_experts}, groups {spec.num_groups}, "
           f"max rows received per rank {spec.max_recv_tokens}")
-    sizes = _buffer_sizes(spec)
-    if sizes:
-        print("  nvshmem symmetric buffers per rank (bytes):")
-        for name, size in sizes.items():
+    # The nvshmem backend's one buffer formula; importable without the extension.
+    from .backends.nvshmem_runtime import buffer_bytes
+
+    for transport in ("put", "nvlink"):
+        print(f"  nvshmem buffers per rank, {transport} transport (bytes; docs/KERNELS.md):")
+        for name, size in buffer_bytes(spec, transport).items():
             print(f"    {name:<28}{size:>16,}")
     return 0
-
-
-def _buffer_sizes(spec: Any) -> dict[str, int] | None:
-    """The nvshmem backend's documented buffer formula (importable without the extension)."""
-    try:
-        from .backends.nvshmem_buffers import buffer_bytes
-    except ImportError:
-        return None
-    return buffer_bytes(spec)
 
 
 # -- bench ----------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ def test_info_prints_devices_backend_and_sizes() -> None:
     assert res.returncode == 0, res.stderr
     assert "CUDA devices:" in res.stdout and "backend 'auto' picks:" in res.stdout
     assert "E=8 top2 H=4096" in res.stdout
+    # The buffer formula, for both transports (staging exists only for put).
+    assert "put transport" in res.stdout and "nvlink transport" in res.stdout
+    assert re.search(r"symmetric_total\s+[\d,]+", res.stdout)
 
 
 def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
