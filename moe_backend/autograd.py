@@ -19,6 +19,11 @@ mirror round on `grad_comm`, in the order autograd reaches the two ops:
 Both ops are split into a send and a receive autograd node, forward and backward, so work
 placed between them (shared experts) can overlap the transfer.
 
+`recv(valid_only=True)` reads `tokens_per_expert` on the host (one sync) and returns only the
+`total` valid rows of a backend's static row count; the handle records `total`
+(`host_valid_rows`), so combine takes `total` rows, and the backward round (same routing,
+same total) dispatches and combines gradients without any static-row padding.
+
 Replicas (`tp_size > 1`): the forward delivers the full output to every replica of a group;
 symmetrically, every replica receives the full gradient of its tokens (and of its
 `topk_weights`). As in the forward, replica `j` only sends the rows `t % tp_size == j` of
@@ -84,6 +89,8 @@ class _Link:
         self.dispatch_needs_grad = False
         self.weights_need_grad = False
         self.x_dtype: torch.dtype | None = None
+        self.valid_only = False  # recv(valid_only=True): trim to the valid rows (one host sync)
+        self.host_tokens_per_expert: torch.Tensor | None = None
         # Backward state.
         self.bwd_dispatch: DispatchReceiver | None = None
         self.bwd_handle: Handle | None = None
@@ -97,6 +104,16 @@ def _backward_error(what: str, err: RoundError) -> RoundError:
         "different pairs must not interleave, and a pair whose combine output reaches the loss must "
         "also have its dispatch inputs in the graph or not require grad at all."
     )
+
+
+def _share_valid_rows(bwd: Handle, fwd: Handle) -> None:
+    """Give the backward round's handle the forward's host-known valid row count.
+
+    The backward dispatch routes the same `topk_ids`/`num_tokens` on a mirrored spec: same
+    layout, same total; so its combine accepts the forward's (possibly trimmed) row count.
+    """
+    if bwd.host_valid_rows is None and fwd.host_valid_rows is not None:
+        bwd.set_host_valid_rows(fwd.host_valid_rows)
 
 
 def _zero_ticket(device: torch.device) -> torch.Tensor:
@@ -141,6 +158,12 @@ class _DispatchRecv(torch.autograd.Function):
     def forward(ctx, link: _Link, _ticket):  # type: ignore[override]
         receiver, link.dispatch_receiver = link.dispatch_receiver, None
         result = receiver.recv()
+        if link.valid_only:
+            # Trim here, inside the node, so the backward gets (and combines) only the
+            # valid rows: a trim after this node would make autograd zero-fill all R rows.
+            counts = result.tokens_per_expert.cpu()  # the one host sync
+            link.host_tokens_per_expert = counts
+            result = result.trimmed(int(counts.sum()))
         link.result = result
         ctx.link = link
         ctx.rows = result.tokens.shape[0]
@@ -165,6 +188,7 @@ class _DispatchRecv(torch.autograd.Function):
                 gspec = ex.grad_comm.spec
                 zeros = torch.zeros(link.rows, gspec.hidden, dtype=gspec.in_dtype, device=ex.grad_comm.device)
                 handle = ex.grad_comm.dispatch(zeros, link.topk_ids, None, None, link.num_tokens).handle
+            _share_valid_rows(handle, result.handle)
             payload = _grad_payload(ex, result, grad_tokens, grad_weights if ctx.has_weights else None, link)
             link.bwd_combine = ex.grad_comm.combine_send(payload, handle)
         except (RoundError, ValueError) as err:  # a stale handle is a ValueError
@@ -204,13 +228,16 @@ class _CombineSend(torch.autograd.Function):
             y, weights = ctx.saved_tensors
         else:
             (y,), weights = ctx.saved_tensors, None
+        _share_valid_rows(got.handle, link.result.handle)
         grad_y, grad_w = _expert_grads(ex.comm.spec.hidden, got, y, weights)
         if link.dispatch_needs_grad:
             link.bwd_handle = got.handle
         else:
             # No dispatch backward will close this round: close it now with an empty combine.
             gspec = ex.grad_comm.spec
-            zeros = torch.zeros(got.tokens.shape[0], gspec.hidden, dtype=gspec.out_dtype, device=y.device)
+            rows = got.handle.host_valid_rows
+            rows = got.tokens.shape[0] if rows is None else rows
+            zeros = torch.zeros(rows, gspec.hidden, dtype=gspec.out_dtype, device=y.device)
             ex.grad_comm.combine(zeros, got.handle)
         return None, grad_y, grad_w
 
@@ -241,6 +268,17 @@ def _expert_grads(
     hidden: int, got: DispatchResult, y: torch.Tensor, weights: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gradients of the expert rows from the dispatched `grad_out` (rows past `total` are 0)."""
+    known = got.handle.host_valid_rows
+    same_rows = weights is None or weights.shape[0] == y.shape[0]
+    if known is not None and y.shape[0] <= known and same_rows:
+        # Every row of y is valid: no mask, no zero-filled copy (same values bit for bit).
+        g = got.tokens[: y.shape[0], :hidden]
+        if weights is None:
+            # A fresh copy: got.tokens may live in the backend's receive buffer.
+            return torch.empty_like(y).copy_(g), None
+        g = g.float()
+        grad_y = (weights.float()[:, None] * g).to(y.dtype)
+        return grad_y, (g * y.float()).sum(1).to(weights.dtype)
     n = min(y.shape[0], got.tokens.shape[0])
     total = got.expert_offsets[-1]  # device scalar: no host sync
     valid = (torch.arange(n, device=y.device) < total)[:, None]
@@ -265,26 +303,34 @@ def _grad_payload(
     grad_weights: torch.Tensor | None,
     link: _Link,
 ) -> torch.Tensor:
-    """`[R, hidden (+ 4*topk)]` rows to combine: token gradients, then encoded weight gradients."""
+    """`[rows, hidden (+ 4*topk)]` rows to combine: token gradients, then encoded weight gradients.
+
+    `rows` = the dispatch result's (the valid rows only after `recv(valid_only=True)`).
+    """
     spec, gspec = ex.comm.spec, ex.grad_comm.spec
     rows = result.tokens.shape[0]
-    payload = torch.zeros(rows, gspec.hidden, dtype=gspec.out_dtype, device=ex.grad_comm.device)
+    # Uninitialised, then every column is written once (no zero fill under the copies).
+    payload = torch.empty(rows, gspec.hidden, dtype=gspec.out_dtype, device=ex.grad_comm.device)
+    tok = payload[:, : spec.hidden]
     if grad_tokens is not None and link.x_dtype is not None:
-        payload[:, : spec.hidden] = grad_tokens
-    if gspec.hidden > spec.hidden and grad_weights is not None and link.weights_need_grad:
-        src_k = result.handle.src_k[:rows]
-        payload[:, spec.hidden :] = _encode_weight_grads(grad_weights, src_k, spec.topk, gspec.out_dtype)
+        tok.copy_(grad_tokens)
+    else:
+        tok.zero_()
+    if gspec.hidden > spec.hidden:
+        enc = payload[:, spec.hidden :].zero_()
+        if grad_weights is not None and link.weights_need_grad:
+            _encode_weight_grads(grad_weights, result.handle.src_k[:rows], spec.topk, enc)
     return payload
 
 
-def _encode_weight_grads(grad_w: torch.Tensor, src_k: torch.Tensor, topk: int, dtype: torch.dtype) -> torch.Tensor:
-    """Row r -> the 4 bytes of float32 `grad_w[r]` as values 0..255 in columns 4*k..4*k+3."""
+def _encode_weight_grads(grad_w: torch.Tensor, src_k: torch.Tensor, topk: int, enc: torch.Tensor) -> torch.Tensor:
+    """Row r -> the 4 bytes of float32 `grad_w[r]` as values 0..255 in columns 4*k..4*k+3 of
+    the zeroed `enc [rows, 4*topk]` (written in place)."""
     rows = grad_w.shape[0]
-    byte_values = grad_w.float().contiguous().view(torch.uint8).view(rows, BYTES_PER_WEIGHT).to(dtype)
+    byte_values = grad_w.float().contiguous().view(torch.uint8).view(rows, BYTES_PER_WEIGHT).to(enc.dtype)
     # Rows past `total` hold unspecified src_k; clamp keeps the scatter in bounds (combine ignores them).
     k = src_k.long().clamp(0, topk - 1)
     cols = k[:, None] * BYTES_PER_WEIGHT + torch.arange(BYTES_PER_WEIGHT, device=k.device)[None, :]
-    enc = torch.zeros(rows, BYTES_PER_WEIGHT * topk, dtype=dtype, device=grad_w.device)
     return enc.scatter_(1, cols, byte_values)
 
 
@@ -305,6 +351,8 @@ class Dispatched:
     expert_offsets: torch.Tensor
     result: DispatchResult
     _link: _Link = dataclasses.field(repr=False)
+    # `recv(valid_only=True)`: the counts read on the host (CPU int64 [L]); else None.
+    host_tokens_per_expert: torch.Tensor | None = None
 
     @property
     def handle(self) -> Handle:
@@ -317,8 +365,12 @@ class PendingDispatch:
     def __init__(self, link: _Link, ticket: torch.Tensor):
         self._link, self._ticket = link, ticket
 
-    def recv(self) -> Dispatched:
+    def recv(self, valid_only: bool = False) -> Dispatched:
+        """Complete the dispatch. `valid_only`: read `tokens_per_expert` on the host (one
+        sync) and return only the valid rows; combine and backward then move no more
+        (`host_tokens_per_expert` holds the counts)."""
         link = self._link
+        link.valid_only = valid_only
         tokens, weights = _DispatchRecv.apply(link, self._ticket)
         result = link.result
         return Dispatched(
@@ -328,6 +380,7 @@ class PendingDispatch:
             expert_offsets=result.expert_offsets,
             result=result,
             _link=link,
+            host_tokens_per_expert=link.host_tokens_per_expert,
         )
 
 
@@ -392,8 +445,8 @@ class DifferentiableCommunicator:
         ticket = _DispatchSend.apply(link, x, topk_weights, x_scale)
         return PendingDispatch(link, ticket)
 
-    def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> Dispatched:
-        return self.dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens).recv()
+    def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None, valid_only=False) -> Dispatched:
+        return self.dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens).recv(valid_only)
 
     # -- combine ------------------------------------------------------------------------
     def combine_send(

@@ -156,6 +156,7 @@ class DispatchReceiver(_Receiver):
             src_k=got.src_k,
             topk_ids=self._topk_ids,
             backend_state=got.backend_state,
+            host_valid_rows=got.host_valid_rows,
         )
         return DispatchResult(
             tokens=got.tokens,

@@ -16,6 +16,9 @@ class Handle:
 
     `src_group`, `src_token`, `src_k` describe each received row (see docs/CONTRACT.md).
     `backend_state` holds whatever the backend needs beyond that; it is opaque.
+    `host_valid_rows`: the valid row count (`expert_offsets[-1]`) when it is known on the
+    host without a sync (reference backend, `DispatchResult.valid()`, a caller that synced);
+    combine then needs only that many rows of `expert_y` / `weights`.
     """
 
     comm_id: int
@@ -30,10 +33,22 @@ class Handle:
     src_k: torch.Tensor
     topk_ids: torch.Tensor
     backend_state: Any = None
+    host_valid_rows: int | None = None
 
     def num_valid_rows(self) -> int:
-        """Rows of the dispatch result that hold data (reads the device: a host sync)."""
+        """Rows of the dispatch result that hold data (a host sync unless `host_valid_rows` is set)."""
+        if self.host_valid_rows is not None:
+            return self.host_valid_rows
         return int(self.expert_offsets[-1].item())
+
+    def set_host_valid_rows(self, n: int) -> None:
+        """Record the valid row count the caller read from the device (it must be exact)."""
+        rows = self.src_group.shape[0]
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= rows:
+            raise ValueError(f"host_valid_rows must be an int in [0, {rows}] (the dispatch result's rows), got {n!r}")
+        if self.host_valid_rows is not None and self.host_valid_rows != n:
+            raise ValueError(f"host_valid_rows is already {self.host_valid_rows}, got {n}")
+        self.host_valid_rows = n
 
 
 @dataclasses.dataclass
@@ -46,8 +61,15 @@ class DispatchResult:
     handle: Handle
 
     def valid(self) -> DispatchResult:
-        """The same result trimmed to the rows that hold data (one host sync)."""
-        n = self.handle.num_valid_rows()
+        """The same result trimmed to the rows that hold data (one host sync, none if known).
+
+        Records the count on the handle, so combine accepts `expert_y` of just these rows.
+        """
+        return self.trimmed(self.handle.num_valid_rows())
+
+    def trimmed(self, n: int) -> DispatchResult:
+        """The first `n` rows, `n` = the valid row count read on the host (recorded on the handle)."""
+        self.handle.set_host_valid_rows(n)
         return dataclasses.replace(
             self,
             tokens=self.tokens[:n],

@@ -122,14 +122,18 @@ def check_combine(
             f"handle is from round {handle.round} but the latest dispatch is round {current_round}; "
             "combine must use the handle of the latest dispatch"
         )
-    rows = handle.src_group.shape[0]
+    # Backends read only rows < total; with the total known on the host those rows suffice,
+    # else (no sync here) every row of the dispatch result is required.
+    known = handle.host_valid_rows
+    rows = handle.src_group.shape[0] if known is None else known
+    what = "the dispatch result's" if known is None else "the valid rows, handle.host_valid_rows"
     expert_y = check_tensor("expert_y", expert_y, dtypes=(spec.out_dtype,), shape=(None, spec.hidden), device=device)
     if expert_y.shape[0] < rows:
-        raise ValueError(f"expert_y must have at least {rows} rows (the dispatch result's), got {expert_y.shape[0]}")
+        raise ValueError(f"expert_y must have at least {rows} rows ({what}), got {expert_y.shape[0]}")
     if weights is not None:
         weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(None,), device=device)
         if weights.shape[0] < rows:
-            raise ValueError(f"weights must have at least {rows} entries (one per row), got {weights.shape[0]}")
+            raise ValueError(f"weights must have at least {rows} entries (one per row; {what}), got {weights.shape[0]}")
     if out is not None:
         shape = (handle.num_input_rows, spec.hidden)
         out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=shape, device=device)

@@ -160,3 +160,34 @@ def padded_view(backend: str) -> None:
         y = torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device)
         comm.combine(y, result.handle)
         comm.close()
+
+
+def host_valid_rows(backend: str, options: dict | None = None) -> None:
+    """With the valid row count known on the host, combine takes just those rows, bit for bit."""
+    spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    comm = Communicator(spec, backend=backend, **(options or {}))
+    (x, ids, w, _), _ = _inputs(spec, seed=31)
+    # Round 1: every row of the result (rows past the total are unspecified; combine ignores them).
+    full = comm.dispatch(x, ids, w)
+    rows, known = full.tokens.shape[0], full.handle.host_valid_rows
+    want = comm.combine(full.tokens, full.handle, weights=full.weights)
+    # Round 2: the same routing, trimmed by valid() (one sync), which records the count.
+    result = comm.dispatch(x, ids, w)
+    total = int(result.expert_offsets[-1])
+    assert known in (None, total), (known, total)
+    if known is None:  # not known: the shape-only check must ask for every row
+        _raises(ValueError, rf"expert_y must have at least {rows} rows \(the dispatch result's\)",
+                lambda: comm.combine(result.tokens[:total], result.handle))
+    valid = result.valid()
+    assert valid.tokens.shape[0] == total and valid.handle.host_valid_rows == total
+    assert result.handle is valid.handle  # the count is a fact of the round: one handle
+    _raises(ValueError, r"host_valid_rows must be an int in", lambda: valid.handle.set_host_valid_rows(rows + 1))
+    if total > 0:
+        _raises(ValueError, r"host_valid_rows is already", lambda: valid.handle.set_host_valid_rows(total - 1))
+        _raises(ValueError, rf"expert_y must have at least {total} rows \(the valid rows, handle.host_valid_rows\)",
+                lambda: comm.combine(valid.tokens[: total - 1], valid.handle))
+        _raises(ValueError, rf"weights must have at least {total} entries",
+                lambda: comm.combine(valid.tokens, valid.handle, weights=valid.weights[: total - 1]))
+    got = comm.combine(valid.tokens.clone(), valid.handle, weights=valid.weights.clone())
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "combine of the valid rows differs"
+    comm.close()

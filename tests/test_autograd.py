@@ -64,7 +64,7 @@ def _dense(spec: CommSpec, groups: list[GroupInputs], experts: torch.Tensor, los
     return outs, [zero_if_unused(x) for x in xs], [zero_if_unused(w) for w in ws], zero_if_unused(experts)
 
 
-def _distributed(ex: DifferentiableCommunicator, spec: CommSpec, case: Case, style: str):
+def _distributed(ex: DifferentiableCommunicator, spec: CommSpec, case: Case, style: str, valid_only: bool = False):
     """This rank's share of the same model through dispatch/combine; returns outputs and grads."""
     rank = ex.comm.rank
     groups = make_inputs(case)
@@ -73,9 +73,12 @@ def _distributed(ex: DifferentiableCommunicator, spec: CommSpec, case: Case, sty
     experts = _expert_weights(spec, case.seed)[rank * L : (rank + 1) * L].clone().requires_grad_()
     x = mine.x.clone().requires_grad_()
     w = mine.topk_weights.clone().requires_grad_()
-    d = ex.dispatch(x, mine.topk_ids, w, num_tokens=mine.num_tokens)
+    d = ex.dispatch(x, mine.topk_ids, w, num_tokens=mine.num_tokens, valid_only=valid_only)
     counts = d.tokens_per_expert.tolist()
     total = sum(counts)
+    if valid_only:  # only the valid rows, and their count on the host
+        assert d.tokens.shape[0] == total and d.weights.shape[0] == total and d.handle.host_valid_rows == total
+        assert d.host_tokens_per_expert.tolist() == counts
     segments = torch.split(d.tokens[:total], counts)
     y = torch.cat([_expert(seg, experts[e]) for e, seg in enumerate(segments)] + [d.tokens[total:] * 0])
     if style == "weighted":  # the library applies the weights in combine
@@ -88,7 +91,8 @@ def _distributed(ex: DifferentiableCommunicator, spec: CommSpec, case: Case, sty
 
 
 def _check_against_dense(
-    spec: CommSpec, seeds: tuple[int, ...], routings: tuple[str, ...], static_shapes: bool = False
+    spec: CommSpec, seeds: tuple[int, ...], routings: tuple[str, ...], static_shapes: bool = False,
+    valid_only: bool = False,
 ) -> None:
     ex = DifferentiableCommunicator.create(spec, backend="reference", static_shapes=static_shapes)
     rank, L = ex.comm.rank, spec.num_local_experts
@@ -99,7 +103,7 @@ def _check_against_dense(
                 groups = make_inputs(case)
                 experts = _expert_weights(spec, seed)
                 outs, gx, gw, ge = _dense(spec, groups, experts, _loss_weights(spec, groups, seed))
-                out, x_grad, w_grad, e_grad = _distributed(ex, spec, case, style)
+                out, x_grad, w_grad, e_grad = _distributed(ex, spec, case, style, valid_only)
                 g = rank // spec.tp_size
                 where = f"rank {rank} {style} {case.describe()}"
                 _close(out, outs[g], f"out {where}", atol=ATOL, rtol=1e-5)
@@ -110,12 +114,14 @@ def _check_against_dense(
                 assert x_grad.abs().sum() > 0 or groups[g].num_tokens == 0
 
 
-def _worker_dense(world: int, tp: int, seeds: tuple[int, ...], static_shapes: bool = False) -> None:
+def _worker_dense(
+    world: int, tp: int, seeds: tuple[int, ...], static_shapes: bool = False, valid_only: bool = False
+) -> None:
     spec = CommSpec(
         num_experts=2 * world, topk=3, hidden=8, max_num_tokens=6, world_size=world, tp_size=tp,
         in_dtype=torch.float32, out_dtype=torch.float32,
     )
-    _check_against_dense(spec, seeds, ("uniform", "dropped", "skewed"), static_shapes)
+    _check_against_dense(spec, seeds, ("uniform", "dropped", "skewed"), static_shapes, valid_only)
 
 
 @pytest.mark.parametrize("world,tp", [(2, 1), (4, 1), (4, 2)])
@@ -126,6 +132,12 @@ def test_matches_dense_reference(world: int, tp: int) -> None:
 def test_matches_dense_reference_with_static_shapes() -> None:
     """Static row counts with poisoned padding rows (as the GPU backend returns) change nothing."""
     spawn(_worker_dense, 2, 2, 1, (2,), True)
+
+
+def test_matches_dense_reference_valid_rows_only() -> None:
+    """recv(valid_only=True) on static shapes: forward, combine and backward on the valid rows only."""
+    spawn(_worker_dense, 2, 2, 1, (3,), True, True)
+    spawn(_worker_dense, 4, 4, 2, (4,), True, True)
 
 
 def _worker_dispatch_only_and_errors() -> None:

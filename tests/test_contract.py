@@ -87,3 +87,9 @@ def test_contract_matrix_static_shapes(pool: RankPool, tp_size: int) -> None:
     """The same checks with the GPU backends' static row count and poisoned padding rows."""
     counts = pool.run(tasks.contract_matrix, "reference", tp_size, SEED + 7, {"static_shapes": True})
     assert counts == [len(tasks.DTYPE_COMBOS) * len(ROUTINGS) * 3] * pool.world, f"seed {SEED}"
+
+
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["exact", "static"])
+def test_host_valid_rows(pool: RankPool, static_shapes: bool) -> None:
+    """combine accepts just the valid rows once the handle knows their count on the host."""
+    pool.run(tasks.host_valid_rows, "reference", {"static_shapes": static_shapes})

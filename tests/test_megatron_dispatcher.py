@@ -329,12 +329,49 @@ def _worker_tp2() -> None:
     _check_layer(tp=2, ep=2, etp=1, sp=False, train=False)
 
 
+def _check_host_counts_move_valid_rows_only() -> None:
+    """Static shapes + host counts: the experts, combine and its backward see `total` rows, not R."""
+    pg = _init(1, 2)
+    disp = _dispatcher(_config(1, 2), pg)
+    check = f"host-trim rank {dist.get_rank()}"
+    x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(7 + dist.get_rank())).requires_grad_()
+    _, routing_map = _random_routing(dist.get_rank(), S * B)
+    probs = (routing_map.float() / TOPK).requires_grad_()
+    hidden, p = disp.dispatch_preprocess(x, routing_map, probs)
+    hidden, p = disp.token_dispatch(hidden, p)
+    static_rows = disp._dispatched.result.handle.src_group.shape[0]
+    tokens, tpe, pprobs = disp.dispatch_postprocess(hidden, p)
+    total = int(tpe.sum())
+    assert total < static_rows == disp._ex.comm.spec.max_recv_tokens, f"{check}: {total} vs {static_rows}"
+    assert tokens.shape[0] == pprobs.shape[0] == total, f"{check}: {tokens.shape[0]} rows, {total} valid"
+    y = disp.combine_preprocess(tokens * pprobs[:, None])
+    assert y.shape[0] == total, f"{check}: combine_preprocess padded {total} rows to {y.shape[0]}"
+    with pytest.raises(ValueError, match=rf"expert_y must have at least {total} rows \(the valid rows"):
+        disp.token_combine(y[: total - 1])
+    seen: list[int] = []  # rows handed to each combine (forward on comm, backward on grad_comm)
+    for comm in (disp._ex.comm, disp._ex.grad_comm):
+        def spy(expert_y, *args, _orig=comm.combine_send, **kw):
+            seen.append(expert_y.shape[0])
+            return _orig(expert_y, *args, **kw)
+        comm.combine_send = spy
+    try:
+        out = disp.combine_postprocess(disp.token_combine(y))
+        _close(out, x, f"{check} output")
+        out.backward(x.detach())
+    finally:
+        for comm in (disp._ex.comm, disp._ex.grad_comm):
+            del comm.combine_send
+    _close(x.grad, x.detach(), f"{check} grad x")
+    assert seen == [total, total], f"{check}: combines got {seen} rows, want {total} each"
+
+
 def _worker_ep2_static_shapes() -> None:
     # The GPU backend's static row counts (poison past the valid rows), on the CPU.
     global _BACKEND_OPTIONS
     _BACKEND_OPTIONS = (("static_shapes", True),)
     _identity_round_trip(tp=1, ep=2, etp=None, sp=None)
     _check_round_trips(tp=1, ep=2, etp=None, sp=None, replicas=1)
+    _check_host_counts_move_valid_rows_only()
 
 
 def test_megatron_dispatcher_ep2() -> None:

@@ -5,8 +5,9 @@ Megatron's six steps map onto one communicator round (see docs/MEGATRON_INTEGRAT
 - `dispatch_preprocess`: routing_map/probs -> topk ids/weights (device only, no sync).
 - `token_dispatch`: dispatch send, shared-expert fc1 (overlap), dispatch receive.
 - `dispatch_postprocess`: tokens per local expert (already contiguous by the contract),
-  `tokens_per_expert` on host (one sync) or device, padding for drop-and-pad/alignment.
-- `combine_preprocess`: undo the padding (local gathers).
+  `tokens_per_expert` on host (one sync, taken by the dispatch receive, which then keeps
+  only the valid rows) or device, padding for drop-and-pad/alignment.
+- `combine_preprocess`: undo the padding (local gathers); host counts: nothing to undo.
 - `token_combine`: unweighted combine send, shared-expert fc2 (overlap), receive.
 - `combine_postprocess`: the input's shape, plus the shared-expert output.
 """
@@ -74,6 +75,8 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         self._ex: DifferentiableCommunicator | None = None
         self._dispatched: Dispatched | None = None
         self._layout: PaddedLayout | None = None
+        # Host counts (drop-and-pad needs none: its sizes are fixed): the dispatch receive syncs.
+        self._host_trim = self.options.host_tokens_per_expert and not self.drop_and_pad
         # Tensors set by dispatch_preprocess: what a CUDA graph of the preprocess step returns.
         self.cudagraph_attrs = ["_topk_ids"]
 
@@ -134,7 +137,9 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         pending = self._ex.dispatch_send(hidden_states.contiguous(), self._topk_ids, probs)
         if self.shared_experts is not None:  # overlaps the transfer
             self.shared_experts.linear_fc1_forward_and_act()
-        self._dispatched = pending.recv()
+        # Host counts: the receive syncs once and keeps only the valid rows, so neither the
+        # experts, the combine nor the backward touch the static rows past them.
+        self._dispatched = pending.recv(valid_only=self._host_trim)
         return self._dispatched.tokens, self._dispatched.weights
 
     def dispatch_postprocess(self, hidden_states: torch.Tensor, probs: torch.Tensor):
@@ -149,10 +154,12 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         self._layout = None
         if not host:
             return hidden_states, d.tokens_per_expert, probs
-        counts = d.tokens_per_expert.cpu()  # the one host sync
-        total = int(counts.sum())
-        assert counts.numel() == L
-        return hidden_states[:total], counts, probs[:total]
+        counts = d.host_tokens_per_expert  # read by the dispatch receive (the one host sync)
+        assert counts is not None and counts.numel() == L
+        total = d.handle.host_valid_rows
+        # Already trimmed (no slice here: its backward would zero-fill the untrimmed rows).
+        assert hidden_states.shape[0] == total and probs.shape[0] == total, (hidden_states.shape, total)
+        return hidden_states, counts, probs
 
     def _padded_sizes(self, d: Dispatched, rows_in: int) -> tuple[torch.Tensor, int, torch.Tensor]:
         L, device = self.num_local_experts, d.tokens_per_expert.device
@@ -170,20 +177,18 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         a = self.pad_multiple
         sizes = (d.tokens_per_expert + a - 1) // a * a
         if self.options.host_tokens_per_expert:
-            host = sizes.cpu()  # the one host sync
+            host = (d.host_tokens_per_expert + a - 1) // a * a  # counts read by the receive: no sync
             return sizes, int(host.sum()), host
         return sizes, rows_in + L * (a - 1), sizes  # static bound: rows past the sizes are zero
 
     def combine_preprocess(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        d = self._dispatched
         spec = self._ex.comm.spec
         y = hidden_states.to(spec.out_dtype)
-        rows = d.tokens.shape[0]
         if self._layout is not None:
             y = self._layout.unpad(y)
             self._layout = None
-        elif y.shape[0] < rows:  # host mode trimmed to the valid rows; combine wants all rows
-            y = torch.nn.functional.pad(y, (0, 0, 0, rows - y.shape[0]))
+        # Host counts: y has the valid rows only, and the handle knows that count
+        # (`host_valid_rows`), so combine takes them as they are: no pad to the static rows.
         return y
 
     def token_combine(self, hidden_states: torch.Tensor) -> torch.Tensor:

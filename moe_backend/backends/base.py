@@ -32,6 +32,7 @@ class Received:
     src_token: torch.Tensor
     src_k: torch.Tensor
     backend_state: Any = None
+    host_valid_rows: int | None = None  # set when the backend knows the total on the host
 
 
 class Backend(abc.ABC):

@@ -56,8 +56,9 @@ class _PendingCombine:
 
 class ReferenceBackend(Backend):
     """`static_shapes=True` returns the GPU backends' static row count
-    (`spec.max_recv_tokens`), with poison past the valid rows: it lets the CPU suite cover
-    every caller's handling of static shapes (CUDA graphs, the nvshmem backend)."""
+    (`spec.max_recv_tokens`), with poison past the valid rows, and like them leaves
+    `Handle.host_valid_rows` unset: it lets the CPU suite cover every caller's handling of
+    static shapes (CUDA graphs, the nvshmem backend)."""
 
     name = "reference"
 
@@ -127,6 +128,9 @@ class ReferenceBackend(Backend):
         counts = torch.bincount(expert, minlength=spec.num_local_experts)
         offsets = torch.zeros(spec.num_local_experts + 1, dtype=torch.int64, device=recv.device)
         torch.cumsum(counts, 0, out=offsets[1:])
+        # The all-to-all's split sizes are on the host: the total is known without a sync.
+        # Static shapes leave it unset, as the GPU backends do, so the CPU suite covers that path.
+        total = None if self.static_shapes else tokens.shape[0]
         rows = [tokens, scales, weights, group[order].int(), token[order].int(), kpos[order].int()]
         if self.static_shapes:
             rows = [None if t is None else _pad_with_poison(t, spec.max_recv_tokens) for t in rows]
@@ -140,6 +144,7 @@ class ReferenceBackend(Backend):
             src_group=src_group,
             src_token=src_token,
             src_k=src_k,
+            host_valid_rows=total,
         )
 
     def combine_send(self, expert_y, handle: Handle, weights):

@@ -200,3 +200,15 @@ def timeout_worker(transport: str) -> None:
             print(f"rank 0 got: {msg}", flush=True)
     torch.cuda.synchronize()
     dist.barrier()
+
+
+def host_valid_rows_worker() -> None:
+    """combine of just the valid rows once the handle knows their count (tests/contract_tasks.py)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import contract_tasks
+
+    contract_tasks.host_valid_rows("nvshmem")
+    contract_tasks.host_valid_rows("reference")

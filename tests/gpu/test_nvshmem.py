@@ -54,3 +54,7 @@ def _rounds_and_graph(seed, transport):
 
 def test_timeout_names_phase_and_peer():
     launch.spawn(_workers.timeout_worker, 2, "nvlink", dist_backend="nccl", timeout=45)
+
+
+def test_combine_of_valid_rows_only():
+    launch.spawn(_workers.host_valid_rows_worker, 2, dist_backend="nccl", timeout=60)
