@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from . import bench as benchmod
 from .backends import nvshmem_available
-from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench
+from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import init_process_group, spawn, under_torchrun
 
 
@@ -31,15 +31,7 @@ def say(msg: str) -> None:
 
 
 def resolve_preset(name: str) -> Path:
-    """A path to a YAML file, or the name of a file in configs/bench (with or without .yaml)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    candidate = bench_presets_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if candidate.exists():
-        return candidate
-    known = sorted(p.stem for p in bench_presets_dir().glob("*.yaml"))
-    raise ConfigError(f"no config file or preset named {name!r}; presets: {known}")
+    return resolve_config(name, bench_presets_dir())
 
 
 def _version(pkg: str) -> str:

@@ -156,5 +156,22 @@ def load_bench(path: str | Path) -> BenchPreset:
     return load(path, BenchPreset)
 
 
+def configs_dir(kind: str) -> Path:
+    """The repository's `configs/<kind>` folder of named YAML presets."""
+    return Path(__file__).resolve().parent.parent / "configs" / kind
+
+
 def bench_presets_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "configs" / "bench"
+    return configs_dir("bench")
+
+
+def resolve_config(name: str, folder: Path) -> Path:
+    """A path to a YAML file, or the name of a file in `folder` (with or without .yaml)."""
+    path = Path(name)
+    if path.exists():
+        return path
+    candidate = folder / (name if name.endswith(".yaml") else f"{name}.yaml")
+    if candidate.exists():
+        return candidate
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    raise ConfigError(f"no config file or preset named {name!r}; presets in configs/{folder.name}: {known}")

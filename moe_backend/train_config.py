@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .config import ConfigError, load
+from .config import ConfigError, configs_dir, load, resolve_config
 
 # `auto`: nvshmem where its kernels can run, else reference (the embedded default on CPU).
 DISPATCHERS = ("auto", "nvshmem", "reference", "alltoall", "allgather", "flex")
@@ -193,16 +193,8 @@ def load_train(path: str | Path) -> TrainConfig:
 
 
 def train_configs_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "configs" / "train"
+    return configs_dir("train")
 
 
 def resolve_train_config(name: str) -> Path:
-    """A YAML path, or the name of a file in configs/train (with or without .yaml)."""
-    path = Path(name)
-    if path.exists():
-        return path
-    candidate = train_configs_dir() / (name if name.endswith(".yaml") else f"{name}.yaml")
-    if candidate.exists():
-        return candidate
-    known = sorted(q.stem for q in train_configs_dir().glob("*.yaml"))
-    raise ConfigError(f"no config file or preset named {name!r}; presets in configs/train: {known}")
+    return resolve_config(name, train_configs_dir())
