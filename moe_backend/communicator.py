@@ -50,7 +50,6 @@ class Communicator:
         self.backend = create_backend(backend, spec, group, self.device, **backend_options)
         self._round = 0
         self._phase = "idle"  # idle -> dispatch_sent -> dispatched -> combine_sent -> idle
-        self._pending: Any = None
 
     @property
     def backend_name(self) -> str:

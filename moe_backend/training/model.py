@@ -18,13 +18,6 @@ import torch
 from ..train_config import TrainConfig
 
 
-def _megatron() -> Any:
-    """Import lazily: megatron-core is an optional extra and slow to import."""
-    import megatron.core as mc
-
-    return mc
-
-
 def cpu_safe_router() -> type:
     from megatron.core.transformer.moe.moe_utils import router_gating_linear
     from megatron.core.transformer.moe.router import TopKRouter
