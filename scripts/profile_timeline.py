@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""GPU timeline of one dispatch + combine round of the nvshmem backend (torch.profiler).
+
+On 2 GPUs (2 NCCL processes), for each case (preset shape, tokens/rank, transport, overlap),
+the benchmark's own loop (GPU-side barrier: device sleep + one-element all-reduce, then
+dispatch send/recv, barrier, combine send/recv), a few warm-up rounds, then 5 rounds under
+torch.profiler. Rank 0 prints, for the last profiled round, every GPU activity (kernel,
+memcpy, memset) after each barrier's all-reduce: stream, start offset from the end of that
+all-reduce, duration. This shows the launch gaps and which kernel is the critical path,
+which the CUDA-event phase times of `moe-backend bench` cannot.
+
+Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
+
+    python3 scripts/profile_timeline.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+if os.path.isdir("/tmp/site") and "/tmp/site" not in sys.path:  # wheels gpu_check.sh installed
+    sys.path.append("/tmp/site")
+
+# (preset, tokens/rank, transport, overlap env value)
+CASES = [
+    ("deepseek-decode", 1, "nvlink", "1"),
+    ("deepseek-decode", 128, "nvlink", "1"),
+    ("deepseek-decode", 128, "put", "1"),
+    ("deepseek-prefill", 4096, "nvlink", "1"),
+    ("deepseek-prefill", 4096, "nvlink", "0"),
+]
+
+
+def _gpu_activities(trace_path: str) -> list[dict]:
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    keep = ("kernel", "gpu_memcpy", "gpu_memset")
+    acts = [e for e in events if e.get("cat") in keep and "ts" in e]
+    return sorted(acts, key=lambda e: e["ts"])
+
+
+def _last_round(acts: list[dict]) -> list[str]:
+    """Activities after the last two barrier all-reduces (dispatch, then combine)."""
+    ar = [i for i, e in enumerate(acts) if "nccl" in e["name"].lower() and "allreduce" in e["name"].lower()]
+    if len(ar) < 2:
+        return ["(no all-reduce found in the trace)"]
+    lines: list[str] = []
+    for label, a, b in (("dispatch", ar[-2], ar[-1]), ("combine", ar[-1], len(acts))):
+        t0 = acts[a]["ts"] + acts[a]["dur"]
+        lines.append(f"  -- {label} (t=0: end of the barrier all-reduce)")
+        for e in acts[a + 1 : b]:
+            if "sleep" in e["name"].lower():
+                continue
+            stream = e.get("args", {}).get("stream", "?")
+            start, dur = e["ts"] - t0, e["dur"]
+            lines.append(f"    stream {stream!s:>4}  start {start:8.1f} us  dur {dur:8.1f} us  {e['name'][:70]}")
+    return lines
+
+
+def _profile_case(preset_name: str, n: int, transport: str, overlap: str, rank: int) -> list[str]:
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from moe_backend import bench
+    from moe_backend.communicator import Communicator
+    from moe_backend.config import bench_presets_dir, load_bench, resolve_config
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = overlap  # read when an arena is created
+    preset = load_bench(resolve_config(preset_name.replace("-", "_"), bench_presets_dir()))
+    spec = dataclasses.replace(preset.comm.to_spec(dist.get_world_size()), max_num_tokens=n)
+    comm = Communicator(spec, backend="nvshmem", device=dev, check_inputs=False, transport=transport)
+    x, ids, _, scale = bench.make_routing(spec, n, 0, dev)
+    y = torch.randn(spec.max_recv_tokens, spec.hidden, device=dev).to(spec.out_dtype)
+    flag = torch.ones(1, device=dev)
+
+    def one_round() -> None:
+        bench.barrier(dev, flag)
+        res = comm.dispatch_send(x, ids, None, scale).recv()
+        bench.barrier(dev, flag)
+        comm.combine_send(y, res.handle).recv()
+
+    for _ in range(20):
+        one_round()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            one_round()
+        torch.cuda.synchronize()
+    comm.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"trace{rank}.json")
+        prof.export_chrome_trace(path)
+        return _last_round(_gpu_activities(path))
+
+
+def _worker(out_dir: str) -> None:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    text: list[str] = []
+    for preset_name, n, transport, overlap in CASES:
+        text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}")
+        try:
+            text += _profile_case(preset_name, n, transport, overlap, rank)
+        except Exception:
+            text.append(traceback.format_exc(limit=6))
+        dist.barrier()
+    if rank == 0:
+        with open(os.path.join(out_dir, "timeline.txt"), "w") as f:
+            f.write("\n".join(text) + "\n")
+        print("\n".join(text))
+
+
+def main() -> None:
+    from moe_backend.launch import spawn
+
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
+    os.makedirs(out_dir, exist_ok=True)
+    spawn(_worker, 2, out_dir, dist_backend="nccl", timeout=300)
+
+
+if __name__ == "__main__":
+    main()
