@@ -36,6 +36,7 @@ struct Params {
   int chunk, nchunks, num_sms;
   int nvl;
   long long timeout_ns;
+  int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=dispatch arrive [2]=dispatch grid flag [3]=combine arrive [4]=err
@@ -53,8 +54,16 @@ __host__ __device__ inline long long sig_arrive(const Params& p, int r) { return
 __host__ __device__ inline long long sig_table(const Params& p, int g) { return p.W + g; }
 __host__ __device__ inline long long sig_token(const Params& p, int g, int t) { return p.W + p.G + (long long)g * p.M + t; }
 __host__ __device__ inline long long sig_barrier(const Params& p, int r) { return p.W + p.G + (long long)p.G * p.M + r; }
-__host__ __device__ inline long long sig_comb(const Params& p, int r, int t) {
-  return 2LL * p.W + p.G + (long long)p.G * p.M + (long long)r * p.M + t;
+__host__ __device__ inline long long sig_comb(const Params& p, int r, int t, int s) {
+  return 2LL * p.W + p.G + (long long)p.G * p.M + ((long long)r * p.M + t) * p.comb_slices + s;
+}
+
+// Element range [h0, h1) of slice s of a row of H elements cut into S slices of whole steps
+// of `step` elements (h0 >= H: an empty slice, whose flag is still raised).
+__device__ __forceinline__ void slice_range(int H, int S, int s, int step, int& h0, int& h1) {
+  const int per = (H + step * S - 1) / (step * S) * step;
+  h0 = s * per;
+  h1 = min(H, h0 + per);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -79,6 +88,14 @@ __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// The round of the current combine: published by the dispatch plan's last block (state[6]),
+// not derived from seq (state[0]), which the combine receive advances at its end: with the
+// receive running concurrently on a side stream, a late-starting combine-send block would
+// otherwise read the advanced seq and stamp its flag with the next round.
+__device__ __forceinline__ unsigned long long combine_round(const Params& p) {
+  return *reinterpret_cast<volatile unsigned long long*>(&p.state[6]);
 }
 
 __device__ __forceinline__ unsigned long long* sigp(const Params& p, char* base, long long slot) {
@@ -297,7 +314,12 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   const int E = p.E, L = p.L, topk = p.topk;
 
   if (blockIdx.x == 0) {
-    if (tid < p.W) raise_flag<NVL>(p, sig_arrive(p, p.rank), tid, round);
+    // "Entered": orders nothing of this kernel (earlier kernels' accesses are complete), so a
+    // release store without the full system fence on nvlink.
+    if (tid < p.W) {
+      if constexpr (NVL) st_release_sys(sigp(p, p.peer[tid], sig_arrive(p, p.rank)), round);
+      else raise_flag<false>(p, sig_arrive(p, p.rank), tid, round);
+    }
     if (p.replica == 0) {
       const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
       const int nk = n * topk;
@@ -321,7 +343,9 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
       p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
-  for (int i = blockIdx.x;; i += gridDim.x) {
+  // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
+  // and block 1 the first: a single token does not wait behind the table.
+  for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
     // Every warp derives the same destination mask from the token's ids.
@@ -421,15 +445,28 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   __syncthreads();
   if (sh_last) {
     __threadfence();
-    // Column sums per expert in parallel; bases relative to the expert's offset.
-    for (int e = tid; e < L; e += blockDim.x) {
-      int col = 0;
-      for (int cc = 0; cc < (int)gridDim.x; ++cc) {
-        int v = __ldcg(&p.cnt[(long long)cc * L + e]);
+    // Column scans, one warp per expert: lane j owns chunks [j*per, (j+1)*per), its loads
+    // are independent (in flight together), lane totals meet in a shuffle scan. (A serial
+    // scan per expert, one thread each, took ~140 us behind the concurrent send's traffic.)
+    const int nch = (int)gridDim.x, per = (nch + 31) / 32, nwarps = (int)blockDim.x >> 5;
+    for (int e = warp; e < L; e += nwarps) {
+      const int c0 = lane * per, c1 = min(c0 + per, nch);
+      int own = 0;
+#pragma unroll 4
+      for (int cc = c0; cc < c1; ++cc) own += __ldcg(&p.cnt[(long long)cc * L + e]);
+      int incl = own;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+      }
+      int col = incl - own;  // exclusive prefix: chunks before c0
+      for (int cc = c0; cc < c1; ++cc) {
+        const int v = __ldcg(&p.cnt[(long long)cc * L + e]);
         __stcg(&p.base[(long long)cc * L + e], col);
         col += v;
       }
-      bs[e] = col;
+      if (lane == 31) bs[e] = incl;
     }
     __syncthreads();
     if (tid == 0) {
@@ -443,6 +480,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       offs[L] = run;
       p.state[1] = 0;
       p.state[5] = 0;  // the copy kernel's work counter (it runs after this kernel, same stream)
+      p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
       __threadfence();
       st_release_gpu(&p.state[2], round);
     }
@@ -678,20 +716,24 @@ constexpr int ROW_BATCH = 4;
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
+// <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
+// must fit an SM beside one concurrent receive block (see launch_combine_recv).
 template <bool NVL, typename TY, typename TX, int N>
-__global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                                 const float* __restrict__ w) {
   constexpr int C = chunks_per_step<TY, N>();
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
-  const unsigned long long round = p.state[0] + 1;
+  const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
 
-  const long long total = (long long)G * M;
+  const int S = p.comb_slices;
+  const long long total = (long long)G * M * S;
   for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
-    const int t = (int)(i / G), g = (int)(i % G);
+    const int sl = (int)(i % S);
+    const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
     const int* rm = p.rowmap + u * topk;
     int nk = 0;
@@ -711,13 +753,15 @@ __global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const 
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
-    for (int h = lane * N; h < H; h += 32 * N * C) {
+    int h0, h1;
+    slice_range(H, S, sl, 32 * N * C, h0, h1);
+    for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
       float acc[C][N];
-      sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, H, acc);
+      sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         const int hh = h + c * 32 * N;
-        if (hh < H) {
+        if (hh < h1) {
           if constexpr (NVL) {
             for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
           } else {
@@ -730,13 +774,19 @@ __global__ void __launch_bounds__(NTHREADS) combine_send_kernel(Params p, const 
     if constexpr (NVL) {
       if (lane == 0) {
         __threadfence_system();
-        for (int q = 0; q < p.tp; ++q) st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t)), round);
+        for (int q = 0; q < p.tp; ++q)
+          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
       }
     } else {
-      for (int q = 0; q < p.tp; ++q)
-        nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off, stage, (size_t)H * sizeof(TX),
-                                        reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t))), round,
-                                        NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
+      for (int q = 0; q < p.tp; ++q) {
+        if (h1 > h0)
+          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
+                                          (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
+                                          p.pe[g * p.tp + q]);
+        else if (lane == 0)
+          nvshmemx_signal_op(sig, round, NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
+      }
     }
     __syncwarp();
   }
@@ -752,15 +802,18 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
                                                                 TO* __restrict__ out) {
   constexpr int C = chunks_per_step<TX, N>();
   __shared__ const TX* sh_src[NWARPS][MAXW];
-  const unsigned long long round = p.state[0] + 1;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned long long round = combine_round(p);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (int)blockDim.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
 
-  for (int t = warp * gridDim.x + blockIdx.x; t < rows; t += gridDim.x * NWARPS) {
+  const int S = p.comb_slices;
+  const long long items = (long long)rows * S;
+  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < items; i += (long long)gridDim.x * nwarps) {
+    const int t = (int)(i / S), sl = (int)(i % S);
     unsigned long long mask = 0;
     if (t < n) {
       for (int k = lane; k < topk; k += 32) {
@@ -771,21 +824,25 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
-    for (int r = lane; r < p.W; r += 32) {
-      if ((mask >> r) & 1) {
-        wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t)), round, PH_COMBINE_RECV, r);
+    // Every slice flag of every holding rank (the sender's slices need not match ours).
+    for (int q = lane; q < p.W * S; q += 32) {
+      const int r = q / S;
+      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S)), round, PH_COMBINE_RECV, r);
+    }
+    for (int r = lane; r < p.W; r += 32)
+      if ((mask >> r) & 1)
         sh_src[warp][__popcll(mask & ((1ULL << r) - 1))] =
             reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes);
-      }
-    }
     __syncwarp();
     const int nr = __popcll(mask);
-    for (int h = lane * N; h < H; h += 32 * N * C) {
+    int h0, h1;
+    slice_range(H, S, sl, 32 * N * C, h0, h1);
+    for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
       float acc[C][N];
-      sum_rows<TX, N, C, ROW_BATCH>(sh_src[warp], nullptr, nr, h, H, acc);
+      sum_rows<TX, N, C, ROW_BATCH>(sh_src[warp], nullptr, nr, h, h1, acc);
 #pragma unroll
       for (int c = 0; c < C; ++c)
-        if (h + c * 32 * N < H) store_n<TO, N>(out + (long long)t * H + h + c * 32 * N, acc[c]);
+        if (h + c * 32 * N < h1) store_n<TO, N>(out + (long long)t * H + h + c * 32 * N, acc[c]);
     }
     __syncwarp();
   }
@@ -827,6 +884,12 @@ struct Ctx {
   // their memory out while the side stream may still read it. The caller must not modify
   // x / x_scale between dispatch_send and dispatch_recv.
   at::Tensor keep_x, keep_s;
+  // Combine overlap: combine_send also launches the receive kernel on `side` (fork/join
+  // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
+  // combine_recv joins. The receive's inputs are held until then.
+  bool comb_overlap = false;
+  bool comb_stashed = false;
+  at::Tensor comb_out, comb_ids, comb_ntok;
 };
 
 static Ctx& CX(int64_t ctx) {
@@ -836,7 +899,7 @@ static Ctx& CX(int64_t ctx) {
 static Params& P(int64_t ctx) { return CX(ctx).p; }
 
 int64_t create_ctx(std::vector<int64_t> c) {
-  TORCH_CHECK(c.size() >= 36, "create_ctx: short config");
+  TORCH_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
   Params* p = &cx->p;
   int i = 0;
@@ -846,6 +909,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->part_bytes = c[i++]; p->out_code = c[i++]; p->xfer_code = c[i++];
   p->chunk = c[i++]; p->nchunks = c[i++]; p->num_sms = c[i++]; p->nvl = c[i++];
   p->timeout_ns = c[i++];
+  p->comb_slices = c[i++];
   p->sym = reinterpret_cast<char*>(c[i++]);
   p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];
   p->off_stage_disp = c[i++]; p->off_stage_table = c[i++]; p->off_stage_comb = c[i++];
@@ -861,7 +925,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
-  if (cx->overlap) {
+  const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
+  cx->comb_overlap = !(cenv && cenv[0] == '0');
+  if (cx->overlap || cx->comb_overlap) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
@@ -877,6 +943,7 @@ void destroy_ctx(int64_t ctx) {
   cx->stash.clear();
   cx->keep_x = at::Tensor();
   cx->keep_s = at::Tensor();
+  cx->comb_out = cx->comb_ids = cx->comb_ntok = at::Tensor();
   if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
   if (cx->fork) cudaEventDestroy(cx->fork);
   if (cx->join) cudaEventDestroy(cx->join);
@@ -940,10 +1007,12 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (cx.stashed) {  // a send whose receive never ran: join its side-stream work before dropping it
+  if (cx.stashed || cx.comb_stashed) {  // a send whose receive never ran: join its side-stream work first
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
     cx.stash.clear();
     cx.stashed = false;
+    cx.comb_stashed = false;
+    cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();
   }
   cx.keep_x = x;
   cx.keep_s = scale ? *scale : at::Tensor();
@@ -995,70 +1064,133 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
 }
 
+// Registers a block of `threads` threads of `kernel` takes from an SM's 64K (allocated per
+// warp, in units of 8 registers per thread).
+template <typename K>
+static int block_regs(K kernel, int threads) {
+  cudaFuncAttributes a{};
+  CUDA_OK(cudaFuncGetAttributes(&a, kernel));
+  return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
+}
+
+// Launches the combine send; returns the registers one of its blocks takes.
 template <bool NVL, typename TY, typename TX>
-static void launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
+static int launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
   int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
-  if (p.H % 8 == 0)
+  if (p.H % 8 == 0) {
+    static const int regs = block_regs(combine_send_kernel<NVL, TY, TX, 8>, NTHREADS);
     combine_send_kernel<NVL, TY, TX, 8><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
-  else
-    combine_send_kernel<NVL, TY, TX, 1><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+    return regs;
+  }
+  static const int regs = block_regs(combine_send_kernel<NVL, TY, TX, 1>, NTHREADS);
+  combine_send_kernel<NVL, TY, TX, 1><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+  return regs;
 }
 
 template <bool NVL, typename TY>
-static void launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
-  if (p.xfer_code == 2) launch_combine_send<NVL, TY, float>(p, y, w, s);
-  else launch_combine_send<NVL, TY, TY>(p, y, w, s);
+static int launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, s);
+  return launch_combine_send<NVL, TY, TY>(p, y, w, s);
 }
 
-at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, int64_t ctx) {
-  const Params& p = P(ctx);
-  c10::cuda::CUDAGuard guard(y.device());
-  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
-  const float* wp = w ? w->data_ptr<float>() : nullptr;
-  const void* yp = y.data_ptr();
-#define CS(NVL)                                                                 \
-  switch (p.out_code) {                                                         \
-    case 0: launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
-    case 1: launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
-    default: launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
-  }
-  if (p.nvl) { CS(true) } else { CS(false) }
-#undef CS
-  CUDA_OK(cudaGetLastError());
-  return at::empty({0}, y.options().dtype(at::kInt));
-}
-
+// The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
+// running send whose blocks take `send_regs` registers (COMB_OVERLAP_THREADS-thread blocks).
+// Concurrent only when one send block and one receive block fit an SM's 64K registers
+// together: the receive has <= SMs blocks, so it can never fill every SM twice over and the
+// never-waiting send always finds room (no deadlock). Returns false (nothing launched) when
+// they would not fit: the caller then runs the receive alone, later.
+constexpr int COMB_OVERLAP_THREADS = 128;
 template <typename TX, typename TO>
-static void launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
-                                cudaStream_t s) {
-  int blocks = std::max(1, std::min(p.num_sms, p.M));
-  if (p.H % 8 == 0)
-    combine_recv_kernel<TX, TO, 8><<<blocks, NTHREADS, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
-  else
-    combine_recv_kernel<TX, TO, 1><<<blocks, NTHREADS, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+static bool launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
+                                int send_regs, cudaStream_t s) {
+  const int blocks = std::max(1, std::min(p.num_sms, p.M));
+  const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
+  if (p.H % 8 == 0) {
+    static const int regs = block_regs(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
+    if (send_regs && send_regs + regs > 65536) return false;
+    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+  } else {
+    static const int regs = block_regs(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
+    if (send_regs && send_regs + regs > 65536) return false;
+    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+  }
+  return true;
 }
 
-void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
-                  at::Tensor out, int64_t ctx) {
-  const Params& p = P(ctx);
-  c10::cuda::CUDAGuard guard(out.device());
-  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, const std::optional<at::Tensor>& ntok,
+                                    int64_t n_host, at::Tensor& out, int send_regs, cudaStream_t s) {
   const int* nptr = ntok ? ntok->data_ptr<int>() : nullptr;
   const int rows = out.size(0);
   void* o = out.data_ptr();
   const int* ip = ids.data_ptr<int>();
+  const int nh = (int)n_host;
+  bool launched;
   switch (p.out_code) {
     case 0:
-      if (p.xfer_code == 2) launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, (int)n_host, rows, o, s);
-      else launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, (int)n_host, rows, o, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s);
       break;
     case 1:
-      if (p.xfer_code == 2) launch_combine_recv<float, __half>(p, ip, nptr, (int)n_host, rows, o, s);
-      else launch_combine_recv<__half, __half>(p, ip, nptr, (int)n_host, rows, o, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ip, nptr, nh, rows, o, send_regs, s)
+                                  : launch_combine_recv<__half, __half>(p, ip, nptr, nh, rows, o, send_regs, s);
       break;
-    default: launch_combine_recv<float, float>(p, ip, nptr, (int)n_host, rows, o, s); break;
+    default: launched = launch_combine_recv<float, float>(p, ip, nptr, nh, rows, o, send_regs, s); break;
   }
   CUDA_OK(cudaGetLastError());
+  return launched;
+}
+
+// combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
+// receive, concurrently on the side stream (see Ctx); combine_recv then only joins.
+at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
+                        const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                        const std::optional<at::Tensor>& out, int64_t ctx) {
+  Ctx& cx = CX(ctx);
+  const Params& p = cx.p;
+  c10::cuda::CUDAGuard guard(y.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  const bool overlap = cx.comb_overlap && ids.has_value() && out.has_value();
+  if (overlap) CUDA_OK(cudaEventRecord(cx.fork, s));
+  const float* wp = w ? w->data_ptr<float>() : nullptr;
+  const void* yp = y.data_ptr();
+  int send_regs = 0;
+#define CS(NVL)                                                                             \
+  switch (p.out_code) {                                                                     \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
+  }
+  if (p.nvl) { CS(true) } else { CS(false) }
+#undef CS
+  CUDA_OK(cudaGetLastError());
+  if (overlap) {
+    at::Tensor o = *out;
+    CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
+    if (!launch_combine_recv_any(p, *ids, ntok, n_host, o, send_regs, cx.side))
+      return at::empty({0}, y.options().dtype(at::kInt));  // would not fit beside the send: combine_recv runs it
+    CUDA_OK(cudaEventRecord(cx.join, cx.side));
+    cx.comb_stashed = true;
+    cx.comb_out = o;
+    cx.comb_ids = *ids;
+    cx.comb_ntok = ntok ? *ntok : at::Tensor();
+  }
+  return at::empty({0}, y.options().dtype(at::kInt));
+}
+
+void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                  at::Tensor out, int64_t ctx) {
+  Ctx& cx = CX(ctx);
+  c10::cuda::CUDAGuard guard(out.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  if (cx.comb_stashed) {
+    TORCH_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
+                "combine_recv: `out` is not the tensor given to combine_send");
+    CUDA_OK(cudaStreamWaitEvent(s, cx.join, 0));
+    cx.comb_stashed = false;
+    cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();  // joined: their reuse is ordered after the kernel
+    return;
+  }
+  launch_combine_recv_any(cx.p, ids, ntok, n_host, out, 0, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------
@@ -1112,7 +1244,8 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("dispatch_send(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
         "int n_host, int ctx) -> Tensor");
   m.def("dispatch_recv(Tensor dep, int ctx, int in_dtype_code, bool weighted) -> Tensor[]");
-  m.def("combine_send(Tensor expert_y, Tensor? weights, Tensor dep, int ctx) -> Tensor");
+  m.def("combine_send(Tensor expert_y, Tensor? weights, Tensor dep, Tensor? topk_ids, Tensor? num_tokens, int n_host, "
+        "Tensor(a!)? out, int ctx) -> Tensor");
   m.def("combine_recv(Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, Tensor(a!) out, int ctx) -> ()");
   m.def("create_ctx(int[] cfg) -> int", moe::create_ctx);
   m.def("destroy_ctx(int ctx) -> ()", moe::destroy_ctx);

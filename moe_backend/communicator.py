@@ -96,10 +96,10 @@ class Communicator:
             self.spec, self.device, self.id, self._round, expert_y, handle, weights, out
         )
         self._expect_phase("dispatched", "combine")
-        pending = self.backend.combine_send(y, handle, weights)
-        self._phase = "combine_sent"
         if out is None:
             out = torch.empty(handle.num_input_rows, self.spec.hidden, dtype=self.spec.out_dtype, device=self.device)
+        pending = self.backend.combine_send(y, handle, weights, out)
+        self._phase = "combine_sent"
         return CombineReceiver(self, self._round, pending, out)
 
     def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:

@@ -63,9 +63,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def combine_send(
-        self, expert_y: torch.Tensor, handle: Handle, weights: torch.Tensor | None
+        self, expert_y: torch.Tensor, handle: Handle, weights: torch.Tensor | None, out: torch.Tensor
     ) -> Any:
-        """Reduce per source token on this rank and start sending the partials."""
+        """Reduce per source token on this rank and start sending the partials.
+
+        `out` is the tensor `combine_recv` will be given: a backend may start the receive
+        now, concurrently, writing it (the nvshmem backend does); it is valid only after
+        `combine_recv`.
+        """
 
     @abc.abstractmethod
     def combine_recv(self, pending: Any, out: torch.Tensor) -> torch.Tensor:

@@ -120,10 +120,13 @@ class NvshmemBackend(Backend):
             backend_state=dep,
         )
 
-    def combine_send(self, expert_y, handle: Handle, weights) -> Any:
+    def combine_send(self, expert_y, handle: Handle, weights, out) -> Any:
         self.arena.check()
         dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
-        dep = _combine_send(expert_y, weights, dep, self._ctx)
+        nt, nh = self._split_n(handle.num_tokens)
+        # Also launches the receive into `out`, concurrently (unless overlap is off or it would
+        # not fit beside the send); combine_recv then joins it.
+        dep = _combine_send(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
         return dep, handle.topk_ids, handle.num_tokens
 
     def combine_recv(self, pending, out: torch.Tensor) -> torch.Tensor:
@@ -166,7 +169,7 @@ def _register_fakes() -> None:
         ]
 
     @register_fake("moe_backend::combine_send")
-    def _(expert_y, weights, dep, ctx):
+    def _(expert_y, weights, dep, topk_ids, num_tokens, n_host, out, ctx):
         return expert_y.new_empty(0, dtype=torch.int32)
 
     @register_fake("moe_backend::combine_recv")

@@ -56,7 +56,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     """Offsets (`off_*`) and sizes of the symmetric arena regions, and its total size.
 
     W ranks, G groups, M max tokens, per rank:
-      signals   8 * (W arrive + G table + G*M token + W barrier + W*M partial) flags
+      signals   8 * (W arrive + G table + G*M token + W barrier + W*M*S partial) flags, S = combine_slices(spec)
       tables    G * table_bytes           (16-byte header, ids[n*topk] int32, weights[n*topk] f32)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
@@ -67,7 +67,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     W, G, M = spec.world_size, spec.num_groups, spec.max_num_tokens
     s = row_sizes(spec)
     sizes = {
-        "signals": 8 * (2 * W + G + G * M + W * M),
+        "signals": 8 * (2 * W + G + G * M + W * M * combine_slices(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
         "combine": W * M * s["part_bytes"],
@@ -104,6 +104,19 @@ def buffer_bytes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
         "symmetric_total": lay["symmetric_total"],
         "local_total": local,
     }
+
+
+# Combine work items: a token's partial is cut into S slices of H (each a warp's work, with its
+# own flag) when there are few tokens, so that a small batch still spreads over ~2048 warps
+# (one warp per 14 KB row was latency-bound: ~20 us for a single token). S = 1 at prefill sizes.
+_COMBINE_WARPS = 2048
+_SLICE_ELEMS = 512  # at least this many elements per slice
+
+
+def combine_slices(spec: CommSpec) -> int:
+    """S, the slices per token of the combine (same on every rank: a function of the spec)."""
+    tokens = spec.num_groups * spec.max_num_tokens
+    return max(1, min(-(-spec.hidden // _SLICE_ELEMS), _COMBINE_WARPS // tokens))
 
 
 def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
@@ -226,7 +239,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9),
+            int(timeout_s * 1e9), combine_slices(spec),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],

@@ -147,7 +147,7 @@ class ReferenceBackend(Backend):
             host_valid_rows=total,
         )
 
-    def combine_send(self, expert_y, handle: Handle, weights):
+    def combine_send(self, expert_y, handle: Handle, weights, out):
         spec = self.spec
         total = handle.num_valid_rows()
         y = expert_y[:total]

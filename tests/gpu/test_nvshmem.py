@@ -41,6 +41,19 @@ def test_contract_suite_both_transports():
     launch.spawn(_workers.contract_worker, 2, SEED, COUNT, ("put", "nvlink"), dist_backend="nccl", timeout=120)
 
 
+def test_contract_suite_without_overlap():
+    """The receives on the caller's stream after their sends (MOE_BACKEND_NVSHMEM_OVERLAP=0,
+    MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0): the same results as the overlapped default."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_without_overlap, 2, SEED + 1, max(4, COUNT // 3), dist_backend="nccl", timeout=120)
+
+
+def _contract_without_overlap(seed, count):
+    os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = "0"  # read when an arena is created
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP"] = "0"
+    _workers.contract_worker(seed, count, ("put", "nvlink"))
+
+
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
