@@ -445,28 +445,16 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   __syncthreads();
   if (sh_last) {
     __threadfence();
-    // Column scans, one warp per expert: lane j owns chunks [j*per, (j+1)*per), its loads
-    // are independent (in flight together), lane totals meet in a shuffle scan. (A serial
-    // scan per expert, one thread each, took ~140 us behind the concurrent send's traffic.)
-    const int nch = (int)gridDim.x, per = (nch + 31) / 32, nwarps = (int)blockDim.x >> 5;
-    for (int e = warp; e < L; e += nwarps) {
-      const int c0 = lane * per, c1 = min(c0 + per, nch);
-      int own = 0;
-#pragma unroll 4
-      for (int cc = c0; cc < c1; ++cc) own += __ldcg(&p.cnt[(long long)cc * L + e]);
-      int incl = own;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += v;
-      }
-      int col = incl - own;  // exclusive prefix: chunks before c0
-      for (int cc = c0; cc < c1; ++cc) {
-        const int v = __ldcg(&p.cnt[(long long)cc * L + e]);
+    // Column sums per expert in parallel; bases relative to the expert's offset. (A warp-scan
+    // variant measured slower: its per-expert round trips serialise, this loop's loads pipeline.)
+    for (int e = tid; e < L; e += blockDim.x) {
+      int col = 0;
+      for (int cc = 0; cc < (int)gridDim.x; ++cc) {
+        int v = __ldcg(&p.cnt[(long long)cc * L + e]);
         __stcg(&p.base[(long long)cc * L + e], col);
         col += v;
       }
-      if (lane == 31) bs[e] = incl;
+      bs[e] = col;
     }
     __syncthreads();
     if (tid == 0) {
@@ -865,6 +853,18 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     TORCH_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x); \
   } while (0)
 
+// Every kernel asks for the largest shared-memory carveout. Kernels that run concurrently on
+// one SM (send beside receive) need one SM configuration that fits both; the driver sizes it
+// for the first kernel on the SM (a send with ~0 KB of shared memory gets a small one), and a
+// receive needing more waits until the SM drains: measured, the overlapped combine receive
+// started only as the send's blocks retired. Our kernels stream through L2: L1 is not needed.
+template <typename K>
+static bool max_shared_carveout(K kernel) {
+  CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               (int)cudaSharedmemCarveoutMaxShared));
+  return true;
+}
+
 // Host-side context: the kernels' Params plus what the overlapped dispatch receive needs.
 // overlap: dispatch_send forks a side stream (event `fork` recorded before the send kernel)
 // that runs the receive's plan + copy kernels concurrently with the send, and stashes their
@@ -975,6 +975,8 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
     attr_set = true;
   }
   int threads = std::max(p.chunk, 256);  // phase-1 masks need one thread per token
+  static const bool carve = max_shared_carveout(dispatch_recv_kernel) && max_shared_carveout(dispatch_copy_kernel);
+  (void)carve;
   dispatch_recv_kernel<<<p.nchunks, threads, smem, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(), weighted ? weights.data_ptr<float>() : nullptr,
       tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(), sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(),
@@ -1027,6 +1029,8 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const float* wp = w ? w->data_ptr<float>() : nullptr;
   const float* sp = scale ? scale->data_ptr<float>() : nullptr;
   const int* np = ntok ? ntok->data_ptr<int>() : nullptr;
+  static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
+  (void)carve;
   if (p.nvl)
     dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   else
@@ -1068,6 +1072,7 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
 // warp, in units of 8 registers per thread).
 template <typename K>
 static int block_regs(K kernel, int threads) {
+  max_shared_carveout(kernel);  // called once per kernel (static initialisers below)
   cudaFuncAttributes a{};
   CUDA_OK(cudaFuncGetAttributes(&a, kernel));
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);

@@ -55,9 +55,11 @@ class Clock:
 
 def barrier(device: torch.device, flag: torch.Tensor) -> None:
     if device.type == "cuda":
-        # ~200 us of device sleep, then a one-element all-reduce: every rank starts together,
+        # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
         # and the host has time to enqueue the op, so the events time the GPU, not Python.
-        torch.cuda._sleep(400_000)
+        # (~200 us was measured too short on a slower host: ~220 us of host time per
+        # dispatch made the GPU wait and the events timed the host.)
+        torch.cuda._sleep(1_000_000)
         dist.all_reduce(flag)
     else:
         dist.barrier()
