@@ -892,6 +892,13 @@ struct Ctx {
   at::Tensor comb_out, comb_ids, comb_ntok;
 };
 
+// The combine receive runs concurrently with the send only for arenas of at most this many
+// source tokens (G*M). Measured (2 x H200, DeepSeek shape, results/gpu/2026-11-30-run6):
+// overlapped vs sequential combine 17 vs 39 us (1 token) ... 64 vs 68 us (G*M = 1024), but
+// 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
+// small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
+constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
+
 static Ctx& CX(int64_t ctx) {
   TORCH_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
   return *reinterpret_cast<Ctx*>(ctx);
@@ -926,7 +933,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
-  cx->comb_overlap = !(cenv && cenv[0] == '0');
+  cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
   if (cx->overlap || cx->comb_overlap) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
