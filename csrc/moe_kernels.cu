@@ -886,9 +886,8 @@ struct Ctx {
   at::Tensor keep_x, keep_s;
   // Combine overlap: combine_send also launches the receive kernel on `side` (fork/join
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
-  // combine_recv joins. The receive's inputs are held until then.
+  // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  bool comb_stashed = false;
   at::Tensor comb_out, comb_ids, comb_ntok;
 };
 
@@ -1016,11 +1015,10 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (cx.stashed || cx.comb_stashed) {  // a send whose receive never ran: join its side-stream work first
+  if (cx.stashed || cx.comb_out.defined()) {  // a send whose receive never ran: join its side-stream work first
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
     cx.stash.clear();
     cx.stashed = false;
-    cx.comb_stashed = false;
     cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();
   }
   cx.keep_x = x;
@@ -1075,11 +1073,12 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
 }
 
-// Registers a block of `threads` threads of `kernel` takes from an SM's 64K (allocated per
-// warp, in units of 8 registers per thread).
+// First launch of a combine kernel (static initialisers below): set its carveout and return
+// the registers a block of `threads` threads takes from an SM's 64K (allocated per warp, in
+// units of 8 registers per thread).
 template <typename K>
-static int block_regs(K kernel, int threads) {
-  max_shared_carveout(kernel);  // called once per kernel (static initialisers below)
+static int ready_kernel(K kernel, int threads) {
+  max_shared_carveout(kernel);
   cudaFuncAttributes a{};
   CUDA_OK(cudaFuncGetAttributes(&a, kernel));
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
@@ -1090,11 +1089,11 @@ template <bool NVL, typename TY, typename TX>
 static int launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
   int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   if (p.H % 8 == 0) {
-    static const int regs = block_regs(combine_send_kernel<NVL, TY, TX, 8>, NTHREADS);
+    static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, 8>, NTHREADS);
     combine_send_kernel<NVL, TY, TX, 8><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
     return regs;
   }
-  static const int regs = block_regs(combine_send_kernel<NVL, TY, TX, 1>, NTHREADS);
+  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, 1>, NTHREADS);
   combine_send_kernel<NVL, TY, TX, 1><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
   return regs;
 }
@@ -1118,11 +1117,11 @@ static bool launch_combine_recv(const Params& p, const int* ids, const int* nptr
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   if (p.H % 8 == 0) {
-    static const int regs = block_regs(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
     combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
   } else {
-    static const int regs = block_regs(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
     combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
   }
@@ -1181,7 +1180,6 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
     if (!launch_combine_recv_any(p, *ids, ntok, n_host, o, send_regs, cx.side))
       return at::empty({0}, y.options().dtype(at::kInt));  // would not fit beside the send: combine_recv runs it
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
-    cx.comb_stashed = true;
     cx.comb_out = o;
     cx.comb_ids = *ids;
     cx.comb_ntok = ntok ? *ntok : at::Tensor();
@@ -1194,11 +1192,10 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
   Ctx& cx = CX(ctx);
   c10::cuda::CUDAGuard guard(out.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
-  if (cx.comb_stashed) {
+  if (cx.comb_out.defined()) {
     TORCH_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
                 "combine_recv: `out` is not the tensor given to combine_send");
     CUDA_OK(cudaStreamWaitEvent(s, cx.join, 0));
-    cx.comb_stashed = false;
     cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();  // joined: their reuse is ordered after the kernel
     return;
   }
