@@ -114,14 +114,16 @@ __device__ void report_error(const Params& p, int phase, int peer, unsigned long
   }
 }
 
-// Bounded poll: true once *flag >= round; false on timeout (recorded) or an earlier error.
-__device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsigned long long round, int phase,
-                          int peer) {
-  if (ld_acquire_sys(flag) >= round) return true;
+// Bounded poll: true once *flag >= need; false on timeout (recorded with `round`, default
+// need) or an earlier error.
+__device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsigned long long need, int phase,
+                          int peer, unsigned long long round = 0) {
+  if (!round) round = need;
+  if (ld_acquire_sys(flag) >= need) return true;
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
-    if (ld_acquire_sys(flag) >= round) return true;
+    if (ld_acquire_sys(flag) >= need) return true;
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;
       if (gtimer() > deadline) {
@@ -219,76 +221,113 @@ __device__ __forceinline__ void block_copy(char* __restrict__ dst, const char* _
   }
 }
 
-// Write the group's sanitised routing table (header {n, has_weights}, ids[nk] with ids outside
-// [0,E) as -1, weights[nk]) at `nd` destinations: the arena at table offset `toff` of every
-// rank (to_peers, nvlink) or the one staging buffer `stage` (put). Block-cooperative,
-// 16-byte vectors with several loads in flight when the inputs allow it.
-__device__ void write_table(const Params& p, bool to_peers, long long toff, char* stage, const int* __restrict__ ids,
-                            const float* __restrict__ w, int n, int nk) {
-  const int tid = threadIdx.x, nt = blockDim.x, E = p.E;
+// Routing table of a group, as the plan kernel reads it: a 16-byte header {n, has_weights},
+// then per token ids[topk] (int32, ids outside [0,E) as -1) and weights[topk] (float32).
+// It is cut into table_portions() portions of whole tokens, each written by one send block
+// at the start of the kernel and announced by one signal ADD of 1: a receiver has the
+// whole table once table[g] reaches round * portions. Spread over blocks because one block
+// writing the whole 262 KB prefill table shared the link with every token stream and
+// arrived ~140 us late, holding back the plan and with it every copy.
+constexpr int TABLE_PORTION_BYTES = 8192;
+constexpr int MAX_TABLE_PORTIONS = 64;
+__host__ __device__ inline int table_portions(const Params& p) {
+  const long long bytes = (long long)p.M * p.topk * 8;
+  const long long n = (bytes + TABLE_PORTION_BYTES - 1) / TABLE_PORTION_BYTES;
+  return (int)(n < 1 ? 1 : (n > MAX_TABLE_PORTIONS ? MAX_TABLE_PORTIONS : n));
+}
+// Tokens [t0, t1) of portion j (multiples of 4 tokens, so 16-byte vectors stay aligned).
+__device__ __forceinline__ void table_portion_range(const Params& p, int n, int j, int& t0, int& t1) {
+  const int per = ((n + table_portions(p) - 1) / table_portions(p) + 3) & ~3;
+  t0 = min(n, j * per);
+  t1 = min(n, t0 + per);
+}
+__device__ __forceinline__ long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
+
+// Write tokens [t0, t1) of the table (plus the header when t0 == 0 and head) at `nd`
+// destinations: the arena at table offset `toff` of every rank (to_peers, nvlink) or the
+// staging buffer `stage` (put). Block-cooperative; 16-byte vectors when topk % 4 == 0.
+__device__ void write_table_portion(const Params& p, bool to_peers, long long toff, char* stage,
+                                    const int* __restrict__ ids, const float* __restrict__ w, int n, int t0, int t1,
+                                    bool head) {
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nd = to_peers ? p.W : 1;
-  const bool vec = (nk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+  const long long e0 = (long long)t0 * topk, ne = (long long)(t1 - t0) * topk;
+  auto dest = [&](int r) -> char* { return to_peers ? p.peer[r] + toff : stage; };
+  const bool vec = (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   if (vec) {
-    constexpr int U = 4;
-    const int n4 = nk >> 2;
-    const int4* i4 = reinterpret_cast<const int4*>(ids);
-    const float4* w4 = reinterpret_cast<const float4*>(w);
-    for (int i0 = tid; i0 < n4; i0 += U * nt) {
-      int4 a[U];
-      float4 b[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (i0 + u * nt < n4) {
-          a[u] = __ldg(i4 + i0 + u * nt);
-          if (w) b[u] = __ldg(w4 + i0 + u * nt);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        a[u].x = (a[u].x >= 0 && a[u].x < E) ? a[u].x : -1;
-        a[u].y = (a[u].y >= 0 && a[u].y < E) ? a[u].y : -1;
-        a[u].z = (a[u].z >= 0 && a[u].z < E) ? a[u].z : -1;
-        a[u].w = (a[u].w >= 0 && a[u].w < E) ? a[u].w : -1;
-      }
+    const int4* i4 = reinterpret_cast<const int4*>(ids + e0);
+    const float4* w4 = reinterpret_cast<const float4*>(w ? w + e0 : nullptr);
+    const int q = topk >> 2;  // vectors per token
+    for (long long v = tid; v < (ne >> 2); v += nt) {
+      int4 a = __ldg(i4 + v);
+      float4 b = w ? __ldg(w4 + v) : float4{};
+      a.x = (a.x >= 0 && a.x < E) ? a.x : -1;
+      a.y = (a.y >= 0 && a.y < E) ? a.y : -1;
+      a.z = (a.z >= 0 && a.z < E) ? a.z : -1;
+      a.w = (a.w >= 0 && a.w < E) ? a.w : -1;
+      const long long t = t0 + v / q, o = table_token_off(p, (int)t) + (v % q) * 16;
       for (int r = 0; r < nd; ++r) {
-        char* tb = to_peers ? p.peer[r] + toff : stage;
-        int4* di = reinterpret_cast<int4*>(tb + 16);
-        float4* dw = reinterpret_cast<float4*>(tb + 16 + (long long)nk * 4);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (i0 + u * nt < n4) {
-            di[i0 + u * nt] = a[u];
-            if (w) dw[i0 + u * nt] = b[u];
-          }
-        }
+        *reinterpret_cast<int4*>(dest(r) + o) = a;
+        if (w) *reinterpret_cast<float4*>(dest(r) + o + topk * 4) = b;
       }
     }
   } else {
-    for (int i = tid; i < nk; i += nt) {
-      int id = ids[i];
+    for (long long i = tid; i < ne; i += nt) {
+      int id = ids[e0 + i];
       id = (id >= 0 && id < E) ? id : -1;
-      const float wv = w ? w[i] : 0.0f;
+      const float wv = w ? w[e0 + i] : 0.0f;
+      const long long o = table_token_off(p, (int)(t0 + i / topk)) + (i % topk) * 4;
       for (int r = 0; r < nd; ++r) {
-        char* tb = to_peers ? p.peer[r] + toff : stage;
-        reinterpret_cast<int*>(tb + 16)[i] = id;
-        if (w) reinterpret_cast<float*>(tb + 16 + (long long)nk * 4)[i] = wv;
+        *reinterpret_cast<int*>(dest(r) + o) = id;
+        if (w) *reinterpret_cast<float*>(dest(r) + o + topk * 4) = wv;
       }
     }
   }
-  if (tid == 0) {
+  if (head && tid == 0) {
     for (int r = 0; r < nd; ++r) {
-      char* tb = to_peers ? p.peer[r] + toff : stage;
-      reinterpret_cast<int*>(tb)[0] = n;
-      reinterpret_cast<int*>(tb)[1] = w ? 1 : 0;
+      reinterpret_cast<int*>(dest(r))[0] = n;
+      reinterpret_cast<int*>(dest(r))[1] = w ? 1 : 0;
     }
+  }
+}
+
+// Portions j = block, block + grid, ... of this group's table, each announced to every rank.
+template <bool NVL>
+__device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n) {
+  const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
+  unsigned long long* sig = sigp(p, p.sym, sig_table(p, p.group));
+  for (int j = blockIdx.x; j < table_portions(p); j += gridDim.x) {
+    int t0, t1;
+    table_portion_range(p, n, j, t0, t1);
+    if constexpr (NVL) {
+      write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+      }
+    } else {
+      char* stage = p.sym + p.off_stage_table;
+      write_table_portion(p, false, toff, stage, ids, w, n, t0, t1, j == 0);
+      __syncthreads();
+      const long long b0 = j == 0 ? 0 : table_token_off(p, t0), b1 = table_token_off(p, t1);
+      for (int r = 0; r < p.W; ++r) {
+        if (b1 > b0)
+          nvshmemx_putmem_signal_nbi_block(p.sym + toff + b0, stage + b0, (size_t)(b1 - b0), reinterpret_cast<uint64_t*>(sig),
+                                           1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
+        else if (threadIdx.x == 0)
+          nvshmemx_signal_op(reinterpret_cast<uint64_t*>(sig), 1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
+      }
+    }
+    __syncthreads();  // the next portion reuses nothing, but keep the block in step
   }
 }
 
 // ---------------------------------------------------------------------------------------
 // Dispatch send (SEND_THREADS-thread blocks, one token per block at a time). Block 0 first
-// raises the "entered dispatch" flag at every rank and (replica 0 of a group) ships the
-// group's routing table; then every block sends owned tokens t = replica + i*tp (i = block,
+// raises the "entered dispatch" flag at every rank; on replica 0 of a group the first blocks
+// each ship a portion of the group's routing table (send_table); then every block sends owned tokens t = replica + i*tp (i = block,
 // block + grid, ...), one copy per destination rank, into the receiver's slot [group][t],
 // flag = round. A whole block per token (a few hundred tokens in flight GPU-wide) keeps
 // the link busy while tokens land in t order, so the receiver's copy can follow the
@@ -320,25 +359,8 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
       if constexpr (NVL) st_release_sys(sigp(p, p.peer[tid], sig_arrive(p, p.rank)), round);
       else raise_flag<false>(p, sig_arrive(p, p.rank), tid, round);
     }
-    if (p.replica == 0) {
-      const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
-      const int nk = n * topk;
-      if constexpr (NVL) {
-        write_table(p, true, toff, nullptr, ids, w, n, nk);
-        __syncthreads();
-        if (tid < p.W) raise_flag<true>(p, sig_table(p, p.group), tid, round);
-      } else {
-        char* tb = p.sym + p.off_stage_table;
-        write_table(p, false, toff, tb, ids, w, n, nk);
-        __syncthreads();
-        const int tbytes = 16 + nk * (w ? 8 : 4);
-        for (int r = 0; r < p.W; ++r)
-          nvshmemx_putmem_signal_nbi_block(p.sym + toff, tb, tbytes,
-                                           reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_table(p, p.group))), round,
-                                           NVSHMEM_SIGNAL_SET, p.pe[r]);
-      }
-    }
   }
+  if (p.replica == 0) send_table<NVL>(p, ids, w, n);
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
@@ -411,7 +433,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   if (c == 0 && tid < p.W)
     wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
   if (tid < G) {
-    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round, PH_DISPATCH_RECV, tid * p.tp);
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * table_portions(p), PH_DISPATCH_RECV, tid * p.tp, round);
     int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
     sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
   }
@@ -426,7 +448,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     g = (int)(u / M);
     t = (int)(u % M);
     if (t < sh_n[g]) {
-      tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + 16) + (long long)t * topk;
+      tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + table_token_off(p, t));
       for (int k = 0; k < topk; ++k) {
         int e = tids[k] - p.rank * L;
         if (e >= 0 && e < L) atomicOr(&msk[warp * L + e], 1u << lane);
@@ -498,11 +520,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
           sg[row] = g;
           stok[row] = t;
           sk[row] = k;
-          if (weighted) {
-            const float* tw = reinterpret_cast<const float*>(p.sym + p.off_tables + (long long)g * p.table_bytes + 16 +
-                                                             (long long)sh_n[g] * topk * 4);
-            weights[row] = tw[(long long)t * topk + k];
-          }
+          if (weighted) weights[row] = reinterpret_cast<const float*>(tids + topk)[k];  // weights follow the ids
         }
       }
       rm[k] = row;

@@ -11,7 +11,7 @@ which the CUDA-event phase times of `moe-backend bench` cannot.
 
 Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
 
-    python3 scripts/profile_timeline.py OUT_DIR
+    python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING]
 """
 
 from __future__ import annotations
@@ -104,12 +104,14 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, rank: 
         return _last_round(_gpu_activities(path))
 
 
-def _worker(out_dir: str) -> None:
+def _worker(out_dir: str, only: str) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
     text: list[str] = []
     for preset_name, n, transport, overlap in CASES:
+        if only not in preset_name:
+            continue
         text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}")
         try:
             text += _profile_case(preset_name, n, transport, overlap, rank)
@@ -126,8 +128,9 @@ def main() -> None:
     from moe_backend.launch import spawn
 
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
+    only = sys.argv[2] if len(sys.argv) > 2 else ""  # e.g. "prefill": cases whose preset contains it
     os.makedirs(out_dir, exist_ok=True)
-    spawn(_worker, 2, out_dir, dist_backend="nccl", timeout=300)
+    spawn(_worker, 2, out_dir, only, dist_backend="nccl", timeout=300)
 
 
 if __name__ == "__main__":

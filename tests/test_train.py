@@ -24,8 +24,11 @@ def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def test_tiny_trains_on_cpu_with_reference(tmp_path: Path) -> None:
-    run = _cli("train", "--config", "tiny", "--out", str(tmp_path))
+    run = _cli("train", "--config", "tiny", "--out", str(tmp_path), "--profile", str(tmp_path / "prof"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for rank in (0, 1):  # --profile: three steps after the warm-up, our autograd ops ranked
+        text = (tmp_path / "prof" / f"profile_rank{rank}.txt").read_text()
+        assert text.startswith("profiled steps: 3;") and "_DispatchSend" in text, text[:500]
     result = json.loads((tmp_path / "train_log.json").read_text())
     assert result["dispatcher"] == "reference"  # `auto` on CPU
     steps = result["steps"]

@@ -49,11 +49,11 @@ def quiet_megatron_warnings() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
 
 
-def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool) -> None:
+def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool, profile_dir: str | None = None) -> None:
     quiet_megatron_warnings()
     from .loop import train_rank
 
-    result = train_rank(cfg, out_dir, progress)
+    result = train_rank(cfg, out_dir, progress, profile_dir)
     if result is not None and progress:
         report.say(report.summary_line(result))
 
@@ -76,7 +76,7 @@ def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_with_overrides(args)
     out = args.out or cfg.output.dir
-    run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress)
+    run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress, args.profile)
     return 0
 
 
@@ -92,6 +92,8 @@ def add_train_parser(subparsers: Any) -> None:
     t.add_argument("--dispatcher", choices=DISPATCHERS, help="override the config's dispatcher")
     t.add_argument("--out", help="folder for train_log.json / train_log.csv (default: the config's output.dir)")
     t.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    t.add_argument("--profile", metavar="DIR",
+                   help="profile 3 steps after the timing warm-up; per-rank kernel summary in DIR")
     t.set_defaults(fn=cmd_train)
 
 

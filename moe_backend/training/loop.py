@@ -15,6 +15,7 @@ from . import dispatchers, report
 from .data import mock_batch
 from .model import build_gpt, layer_spec, moe_layers, transformer_config
 from .optim import MixedPrecisionAdamW, global_grad_norm, lr_at, reduce_grads
+from .profiling import StepProfiler
 from .timing import CommTimer, instrument_model
 
 
@@ -41,8 +42,12 @@ def _reduce(values: list[float], op: Any, device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True) -> dict[str, Any] | None:
-    """Train on this rank (process group already initialised). Rank 0 returns the log."""
+def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True,
+               profile_dir: str | None = None) -> dict[str, Any] | None:
+    """Train on this rank (process group already initialised). Rank 0 returns the log.
+
+    profile_dir: profile 3 steps after the timing warm-up there (see profiling.py).
+    """
     from megatron.core import parallel_state as ps
 
     world = dist.get_world_size()
@@ -75,7 +80,8 @@ def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True) -> 
         log = report.RunLog(cfg, name, device, world, sum(q.numel() for q in params))
         if rank0 and progress:
             report.say(log.header())
-        _steps(cfg, model, layers, opt, timer, log, device, progress and rank0, ps.get_data_parallel_rank())
+        profiler = StepProfiler(profile_dir, start=cfg.train.timing_warmup)
+        _steps(cfg, model, layers, opt, timer, log, device, progress and rank0, ps.get_data_parallel_rank(), profiler)
     finally:
         dispatchers.release()
         ps.destroy_model_parallel()
@@ -90,7 +96,8 @@ def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True) -> 
 
 
 def _steps(cfg: TrainConfig, model: torch.nn.Module, layers: list[Any], opt: MixedPrecisionAdamW,
-           timer: CommTimer, log: report.RunLog, device: torch.device, show: bool, dp_rank: int) -> None:
+           timer: CommTimer, log: report.RunLog, device: torch.device, show: bool, dp_rank: int,
+           profiler: StepProfiler) -> None:
     r, m = cfg.train, cfg.model
     model.train()
     positions = torch.arange(m.seq_length, device=device).unsqueeze(0).expand(r.micro_batch_size, -1)
@@ -99,6 +106,7 @@ def _steps(cfg: TrainConfig, model: torch.nn.Module, layers: list[Any], opt: Mix
         tokens, labels = (t.to(device) for t in mock_batch(r.seed, step, dp_rank, r.micro_batch_size,
                                                            m.seq_length, m.vocab_size))
         sync()
+        profiler.before(step)
         t0 = time.perf_counter()
         per_token = model(tokens, positions, None, labels=labels)  # [b, s] cross entropy
         loss = per_token.float().mean()
@@ -110,6 +118,7 @@ def _steps(cfg: TrainConfig, model: torch.nn.Module, layers: list[Any], opt: Mix
         opt.zero_grad()
         sync()
         elapsed = time.perf_counter() - t0
+        profiler.after(step, dist.get_rank(), last=step == r.steps - 1)
         comm = timer.collect()
         aux = _aux_loss(len(layers))
         # Loss: mean over ranks (TP peers agree; equals the DP mean). Times: the slowest rank.

@@ -1,0 +1,78 @@
+"""Optional torch.profiler capture of a few training steps (`moe-backend train --profile DIR`).
+
+Steps [start, start + count) run under the profiler; each rank then writes
+`DIR/profile_rank<r>.txt`: the wall time of the profiled steps, the GPU busy time (union of
+kernel/copy intervals on every stream), the idle share, and the operators and kernels
+ranked by their total device time. This is how a step-time gap between dispatchers is
+attributed: to kernels that run longer, or to a GPU that waits for the host.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class StepProfiler:
+    def __init__(self, out_dir: str | None, start: int, count: int = 3):
+        self.out_dir = out_dir
+        self.start, self.count = start, count
+        self._prof: Any = None
+        self._t0 = 0.0
+
+    def before(self, step: int) -> None:
+        if self.out_dir and step == self.start:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=acts)
+            self._prof.__enter__()
+            self._t0 = time.perf_counter()
+
+    def after(self, step: int, rank: int, last: bool) -> None:
+        """Stop after the last profiled step (or the run's last step, if that comes first)."""
+        if self._prof is None or (step != self.start + self.count - 1 and not last):
+            return
+        steps = step - self.start + 1
+        wall = time.perf_counter() - self._t0
+        self._prof.__exit__(None, None, None)
+        prof, self._prof = self._prof, None
+        Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+        text = summary(prof, wall, steps)
+        (Path(self.out_dir) / f"profile_rank{rank}.txt").write_text(text)
+
+
+def _busy_us(prof: Any) -> float:
+    """Length of the union of all device activity intervals (µs)."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    return busy
+
+
+def summary(prof: Any, wall_s: float, steps: int) -> str:
+    step_ms = wall_s * 1e3 / steps
+    head = f"profiled steps: {steps}; wall per step {step_ms:.2f} ms"
+    cuda = torch.cuda.is_available()
+    if cuda:
+        busy = _busy_us(prof) / 1e3 / steps
+        head += f"; GPU busy per step {busy:.2f} ms (idle {100 * (1 - busy / step_ms):.1f}%)"
+    lines = [head, ""]
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    lines.append(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+    return "\n".join(lines)
