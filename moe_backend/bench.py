@@ -255,17 +255,22 @@ def copy_rate_gbps(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
     return nbytes / times[len(times) // 2] / 1e9
 
 
-def backends_to_run(requested: str, device: torch.device) -> list[tuple[str, str, dict[str, Any]]]:
-    """(row label, backend name, backend options) for each backend the run times."""
+def backends_to_run(requested: str, device: torch.device,
+                    sms: list[int] | tuple[int, ...] = ()) -> list[tuple[str, str, dict[str, Any]]]:
+    """(row label, backend name, backend options) for each backend the run times; `sms`: extra
+    nvshmem-nvlink rows with the kernels sized for that many SMs."""
     nvshmem_ok = device.type == "cuda" and nvshmem_available()[0]
     if requested == "all":
         rows = [("reference", "reference", {})]
         if nvshmem_ok:  # both transports: the portable put path and direct NVLink stores
             rows += [(f"nvshmem-{t}", "nvshmem", {"transport": t}) for t in ("put", "nvlink")]
-        return rows
-    if requested == "auto":
-        requested = "nvshmem" if nvshmem_ok else "reference"
-    return [(requested, requested, {})]
+    else:
+        if requested == "auto":
+            requested = "nvshmem" if nvshmem_ok else "reference"
+        rows = [(requested, requested, {})]
+    if nvshmem_ok and requested in ("all", "nvshmem"):
+        rows += [(f"nvshmem-nvlink-{n}sm", "nvshmem", {"transport": "nvlink", "num_sms": n}) for n in sms]
+    return rows
 
 
 def bench_device() -> torch.device:
@@ -277,13 +282,14 @@ def measure_copy_rate() -> float | None:
     return _gather(copy_rate_gbps())[0] if bench_device().type == "cuda" else None
 
 
-def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy_rate: float | None) -> dict[str, Any]:
+def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy_rate: float | None,
+        sms: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
     """Benchmark one preset on every requested backend; call on every rank."""
     device = bench_device()
     clock = Clock(device)
     spec = preset.comm.to_spec(dist.get_world_size())
     rows: list[dict[str, Any]] = []
-    for label, name, options in backends_to_run(backend, device):
+    for label, name, options in backends_to_run(backend, device, sms):
         comm = None
         for n in preset.bench.num_tokens:
             if comm is None or preset.bench.size_each:

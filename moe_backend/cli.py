@@ -82,11 +82,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # -- bench ----------------------------------------------------------------------------------
-def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot: str | None) -> None:
+def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot: str | None,
+                sms: list[int] | None = None) -> None:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
     for preset in presets:
-        report = benchmod.run(preset, backend, say, copy_rate)
+        report = benchmod.run(preset, backend, say, copy_rate, sms or [])
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))
@@ -115,7 +116,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset.bench.world_size = args.world_size
         preset.validate()
         presets.append(preset)
-    return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot)
+    return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot, args.sms)
 
 
 # -- selftest -------------------------------------------------------------------------------
@@ -168,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--num-tokens", type=int, nargs="+", help="override the preset's tokens per rank")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
+    b.add_argument("--sms", type=int, nargs="+", metavar="N",
+                   help="also time nvshmem-nvlink with its kernels sized for only N SMs (rows nvshmem-nvlink-<N>sm)")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("selftest", help="run the contract checks across processes")

@@ -3,7 +3,8 @@
 Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symmetric
 memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,
 default 10 s), `sync_check` (synchronise the stream after each receive and raise a timeout
-at once; for tests and debugging: it is a host sync).
+at once; for tests and debugging: it is a host sync), `num_sms` (SMs the kernels size their
+grids for, default every SM: fewer leaves the rest to concurrent compute).
 
 Errors: a timed-out wait records (phase, peer rank) in pinned host memory and the kernel
 exits. The backend checks that word, without any device sync, at the start of every op and
@@ -55,8 +56,11 @@ class NvshmemBackend(Backend):
         transport: str = "auto",
         timeout_s: float = 10.0,
         sync_check: bool = False,
+        num_sms: int | None = None,
     ):
         super().__init__(spec, group, device)
+        if num_sms is not None and not (isinstance(num_sms, int) and num_sms >= 1):
+            raise ValueError(f"num_sms must be a positive integer (SMs the kernels size their grids for), got {num_sms!r}")
         if transport not in rt.TRANSPORTS:
             raise ValueError(f"transport must be one of {rt.TRANSPORTS}, got {transport!r}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -71,7 +75,7 @@ class NvshmemBackend(Backend):
             device = torch.device("cuda", torch.cuda.current_device())
             self.device = device
         self.sync_check = sync_check
-        self.arena = rt.acquire(spec, transport, float(timeout_s), group, device)
+        self.arena = rt.acquire(spec, transport, float(timeout_s), group, device, num_sms)
         self.transport = self.arena.transport
         self._in_code = rt.dtype_code(spec.in_dtype)
         self._fp8 = spec.in_dtype == FP8

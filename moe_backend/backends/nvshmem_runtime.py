@@ -211,7 +211,7 @@ class Arena:
     """Symmetric + local buffers and the kernels' context for one (spec, transport)."""
 
     def __init__(self, key, spec: CommSpec, transport: str, timeout_s: float, pes: list[int], rank: int,
-                 device: torch.device):
+                 device: torch.device, sms: int):
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)
@@ -220,7 +220,6 @@ class Arena:
         if transport == "nvlink" and not all(peers):
             o.sym_free(self.sym)
             raise RuntimeError("transport 'nvlink' needs every peer reachable by nvshmem_ptr (P2P); use 'put'")
-        sms = _init["sms"]
         self.chunk, self.nchunks = chunking(spec, sms)
         L = spec.num_local_experts
         self.state = torch.zeros(8, dtype=torch.int64, device=device)
@@ -302,16 +301,22 @@ def nvlink_reachable(pes: list[int]) -> bool:
 
 
 def acquire(spec: CommSpec, transport: str, timeout_s: float, group: dist.ProcessGroup | None,
-            device: torch.device) -> Arena:
-    """The shared arena for this key, allocating it (collectively) the first time."""
+            device: torch.device, num_sms: int | None = None) -> Arena:
+    """The shared arena for this key, allocating it (collectively) the first time.
+
+    num_sms: SMs the kernels size their grids for (None: every SM of the device).
+    """
     with _lock:
         pes = ensure_initialised(group, device)
+        if num_sms is not None and num_sms > _init["sms"]:
+            raise ValueError(f"num_sms={num_sms} exceeds the device's {_init['sms']} SMs")
+        sms = num_sms or _init["sms"]
         if transport == "auto":
             transport = "nvlink" if nvlink_reachable(pes) else "put"
-        key = (spec, transport, float(timeout_s), tuple(_global_ranks(group)), str(device))
+        key = (spec, transport, float(timeout_s), tuple(_global_ranks(group)), str(device), sms)
         arena = _ARENAS.get(key)
         if arena is None or arena.broken is not None:
-            arena = Arena(key, spec, transport, timeout_s, pes, dist.get_rank(group), device)
+            arena = Arena(key, spec, transport, timeout_s, pes, dist.get_rank(group), device, sms)
             _ARENAS[key] = arena
         arena.refs += 1
         return arena
