@@ -60,7 +60,7 @@ class NvshmemBackend(Backend):
     ):
         super().__init__(spec, group, device)
         if num_sms is not None and not (isinstance(num_sms, int) and num_sms >= 1):
-            raise ValueError(f"num_sms must be a positive integer (SMs the kernels size their grids for), got {num_sms!r}")
+            raise ValueError(f"num_sms must be a positive integer (SMs for the grids), got {num_sms!r}")
         if transport not in rt.TRANSPORTS:
             raise ValueError(f"transport must be one of {rt.TRANSPORTS}, got {transport!r}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
