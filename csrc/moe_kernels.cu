@@ -345,8 +345,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                                                      const int* __restrict__ ids,
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
-                                                                     const int* __restrict__ nptr, int n_host, int rows,
-                                                                     int after_plan) {
+                                                                     const int* __restrict__ nptr, int n_host, int rows) {
   const unsigned long long round = p.state[0] + 1;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
@@ -362,18 +361,6 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
     }
   }
   if (p.replica == 0) send_table<NVL>(p, ids, w, n);
-  if (after_plan) {  // the concurrent plan kernel (side stream) has published the round
-    if (tid == 0) {
-      const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-      for (unsigned i = 1; ld_acquire_gpu(&p.state[2]) < round; ++i) {
-        if ((i & 31) == 0 && (gtimer() > deadline || *(volatile unsigned long long*)&p.state[4])) {
-          report_error(p, PH_DISPATCH_GRID, -1, round);
-          break;
-        }
-      }
-    }
-    __syncthreads();
-  }
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
@@ -744,15 +731,13 @@ constexpr int ROW_BATCH = 4;
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
-// REGS registers at most (__maxnreg__; the put path would take ~120): 96 lets one send block
-// (512 x 96) fit an SM beside one concurrent receive block (see launch_combine_recv); 64 lets
-// two send blocks share an SM when the receive runs after the send (twice the rows in
-// flight per SM for the HBM-bound reads of large batches).
-constexpr int COMB_SEND_REGS_OVERLAP = 96;
-constexpr int COMB_SEND_REGS_DENSE = 64;
-template <bool NVL, typename TY, typename TX, int N, int REGS>
-__global__ void __maxnreg__(REGS) combine_send_kernel(Params p, const TY* __restrict__ y,
-                                                       const float* __restrict__ w) {
+// <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
+// must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
+// per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
+// 240 vs 208 us, docs/KERNELS.md.)
+template <bool NVL, typename TY, typename TX, int N>
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+                                                    const float* __restrict__ w) {
   constexpr int C = chunks_per_step<TY, N>();
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
@@ -933,12 +918,7 @@ struct Ctx {
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
   at::Tensor comb_out, comb_ids, comb_ntok;
-  // Two combine-send blocks per SM when no receive runs beside the send (env
-  // MOE_BACKEND_NVSHMEM_COMBINE_SEND_DENSE=0: one, as with the overlap).
-  bool comb_send_dense = true;
-  // Dispatch send blocks start their tokens only after this rank's plan kernel finished
-  // (overlap mode only; env MOE_BACKEND_NVSHMEM_SEND_AFTER_PLAN=1).
-  bool send_after_plan = false;
+
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -983,10 +963,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
-  const char* denv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_SEND_DENSE");
-  cx->comb_send_dense = !(denv && denv[0] == '0');
-  const char* aenv = std::getenv("MOE_BACKEND_NVSHMEM_SEND_AFTER_PLAN");
-  cx->send_after_plan = cx->overlap && aenv && aenv[0] == '1';
   if (cx->overlap || cx->comb_overlap) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1079,7 +1055,6 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   cx.keep_s = scale ? *scale : at::Tensor();
   const int64_t code = dtype_code_of(x.scalar_type());
   const bool overlap = cx.overlap && code >= 0;
-  const int after = overlap && cx.send_after_plan ? 1 : 0;
   if (overlap) CUDA_OK(cudaEventRecord(cx.fork, stream));
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
@@ -1092,9 +1067,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows, after);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   else
-    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows, after);
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
@@ -1140,29 +1115,23 @@ static int ready_kernel(K kernel, int threads) {
 }
 
 // Launches the combine send; returns the registers one of its blocks takes.
-template <bool NVL, typename TY, typename TX, int N, int REGS>
+template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, const void* y, const float* w, cudaStream_t s) {
-  constexpr int per_sm = REGS == COMB_SEND_REGS_DENSE ? 2 : 1;
-  const int blocks = (int)std::max(1LL, std::min((long long)per_sm * p.num_sms, (long long)p.G * p.M));
-  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, REGS>, NTHREADS);
-  combine_send_kernel<NVL, TY, TX, N, REGS><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+  const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
+  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N>, NTHREADS);
+  combine_send_kernel<NVL, TY, TX, N><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
   return regs;
 }
 
-// dense: no receive will run beside this send (two blocks per SM, COMB_SEND_REGS_DENSE).
 template <bool NVL, typename TY, typename TX>
-static int launch_combine_send(const Params& p, const void* y, const float* w, bool dense, cudaStream_t s) {
-  if (p.H % 8 == 0)
-    return dense ? launch_combine_send_n<NVL, TY, TX, 8, COMB_SEND_REGS_DENSE>(p, y, w, s)
-                 : launch_combine_send_n<NVL, TY, TX, 8, COMB_SEND_REGS_OVERLAP>(p, y, w, s);
-  return dense ? launch_combine_send_n<NVL, TY, TX, 1, COMB_SEND_REGS_DENSE>(p, y, w, s)
-               : launch_combine_send_n<NVL, TY, TX, 1, COMB_SEND_REGS_OVERLAP>(p, y, w, s);
+static int launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, s) : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, s);
 }
 
 template <bool NVL, typename TY>
-static int launch_combine_send_x(const Params& p, const void* y, const float* w, bool dense, cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, dense, s);
-  return launch_combine_send<NVL, TY, TY>(p, y, w, dense, s);
+static int launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, s);
+  return launch_combine_send<NVL, TY, TY>(p, y, w, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -1225,13 +1194,12 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   if (overlap) CUDA_OK(cudaEventRecord(cx.fork, s));
   const float* wp = w ? w->data_ptr<float>() : nullptr;
   const void* yp = y.data_ptr();
-  const bool dense = !overlap && cx.comb_send_dense;
   int send_regs = 0;
 #define CS(NVL)                                                                             \
   switch (p.out_code) {                                                                     \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, dense, s); break; \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, dense, s); break;    \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, dense, s); break; \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS

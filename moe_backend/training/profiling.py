@@ -3,7 +3,7 @@
 Steps [start, start + count) run under the profiler; each rank then writes
 `DIR/profile_rank<r>.txt`: the wall time of the profiled steps, the GPU busy time (union of
 kernel/copy intervals on every stream), the idle share, and the operators and kernels
-ranked by their total device time. This is how a step-time gap between dispatchers is
+ranked by their device time, then by their host time. This is how a step-time gap between dispatchers is
 attributed: to kernels that run longer, or to a GPU that waits for the host.
 """
 
@@ -73,6 +73,10 @@ def summary(prof: Any, wall_s: float, steps: int) -> str:
         busy = _busy_us(prof) / 1e3 / steps
         head += f"; GPU busy per step {busy:.2f} ms (idle {100 * (1 - busy / step_ms):.1f}%)"
     lines = [head, ""]
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    lines.append(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70))
+    averages = prof.key_averages()
+    if cuda:
+        lines += ["by device time:", averages.table(sort_by="self_cuda_time_total", row_limit=40,
+                                                    max_name_column_width=70), ""]
+    # Host time shows what a GPU that waits for the host is waiting for (syncs, launches).
+    lines += ["by host time:", averages.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70)]
     return "\n".join(lines)
