@@ -422,7 +422,9 @@ class DifferentiableCommunicator:
     ) -> DifferentiableCommunicator:
         """A forward communicator and its grad communicator (both collective to create)."""
         comm = Communicator(spec, group, backend, device, **options)
-        grad = Communicator(grad_spec(spec, weight_grads), group, backend, device, **options)
+        # The backward rounds reuse the forward's topk_ids (checked there, if at all): no value
+        # checks, which would cost host syncs in every backward.
+        grad = Communicator(grad_spec(spec, weight_grads), group, backend, device, **{**options, "check_inputs": False})
         return cls(comm, grad)
 
     # -- dispatch -----------------------------------------------------------------------

@@ -146,6 +146,8 @@ def _worker_dispatch_only_and_errors() -> None:
     spec = CommSpec(num_experts=4, topk=2, hidden=4, max_num_tokens=5, world_size=world, tp_size=2,
                     in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     ex = DifferentiableCommunicator.create(spec, backend="reference")
+    # The forward checks the ids (the default); the backward reuses them unchecked (no syncs).
+    assert ex.comm.check_inputs and not ex.grad_comm.check_inputs
     case = Case(spec, "dropped", seed=3)
     mine = make_inputs(case)[ex.comm.rank // spec.tp_size]
     x = mine.x.clone().requires_grad_()

@@ -128,6 +128,8 @@ def _check_round_trips(tp: int, ep: int, etp: int | None, sp: bool | None, repli
             )
             probs = probs_in.detach().requires_grad_()
         out, tpe = _round_trip(disp, x, routing_map, probs, check)
+        # No value checks of the router's ids (host syncs) in forward or backward by default.
+        assert not disp._ex.comm.check_inputs and not disp._ex.grad_comm.check_inputs, check
         x_ref = x.detach().clone().requires_grad_()
         probs_ref = probs.detach().clone().requires_grad_()
         want = _dense_round_trip(x_ref, routing_map, probs_ref, etp_size)
