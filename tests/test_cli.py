@@ -72,3 +72,18 @@ def test_bad_arguments_are_reported(args: list[str], pattern: str) -> None:
     res = cli(*args)
     assert res.returncode == 2
     assert re.search(pattern, res.stderr), res.stderr
+
+
+def test_bench_rows_with_fewer_sms(monkeypatch) -> None:
+    """`bench --sms N` adds nvlink rows with the kernels sized for N SMs, where nvshmem runs."""
+    import torch
+
+    from moe_backend import bench
+
+    assert bench.backends_to_run("all", torch.device("cpu"), [24]) == [("reference", "reference", {})]
+    monkeypatch.setattr(bench, "nvshmem_available", lambda: (True, ""))
+    rows = bench.backends_to_run("all", torch.device("cuda", 0), [24, 48])
+    assert [r[0] for r in rows] == ["reference", "nvshmem-put", "nvshmem-nvlink",
+                                    "nvshmem-nvlink-24sm", "nvshmem-nvlink-48sm"]
+    assert rows[3][2] == {"transport": "nvlink", "num_sms": 24}
+    assert [r[0] for r in bench.backends_to_run("reference", torch.device("cuda", 0), [24])] == ["reference"]
