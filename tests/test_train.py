@@ -29,6 +29,7 @@ def test_tiny_trains_on_cpu_with_reference(tmp_path: Path) -> None:
     for rank in (0, 1):  # --profile: three steps after the warm-up, our autograd ops ranked
         text = (tmp_path / "prof" / f"profile_rank{rank}.txt").read_text()
         assert text.startswith("profiled steps: 3;") and "_DispatchSend" in text, text[:500]
+        assert json.loads((tmp_path / "prof" / f"trace_rank{rank}.json").read_text())["traceEvents"]
     result = json.loads((tmp_path / "train_log.json").read_text())
     assert result["dispatcher"] == "reference"  # `auto` on CPU
     steps = result["steps"]

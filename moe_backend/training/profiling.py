@@ -3,7 +3,8 @@
 Steps [start, start + count) run under the profiler; each rank then writes
 `DIR/profile_rank<r>.txt`: the wall time of the profiled steps, the GPU busy time (union of
 kernel/copy intervals on every stream), the idle share, and the operators and kernels
-ranked by their device time, then by their host time. This is how a step-time gap between dispatchers is
+ranked by their device time, then by their host time; and `trace_rank<r>.json`, the
+timeline (chrome://tracing or Perfetto). This is how a step-time gap between dispatchers is
 attributed: to kernels that run longer, or to a GPU that waits for the host.
 """
 
@@ -43,6 +44,8 @@ class StepProfiler:
         Path(self.out_dir).mkdir(parents=True, exist_ok=True)
         text = summary(prof, wall, steps)
         (Path(self.out_dir) / f"profile_rank{rank}.txt").write_text(text)
+        # The full timeline (chrome://tracing, Perfetto): which kernel each rank waits in, and when.
+        prof.export_chrome_trace(str(Path(self.out_dir) / f"trace_rank{rank}.json"))
 
 
 def _busy_us(prof: Any) -> float:
