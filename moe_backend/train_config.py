@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from .backends.nvshmem_runtime import TRANSPORTS
 from .config import ConfigError, configs_dir, load, resolve_config
 
 # `auto`: nvshmem where its kernels can run, else reference (the embedded default on CPU).
@@ -50,6 +51,17 @@ class ParallelConfig:
 
 
 @dataclasses.dataclass
+class DispatcherOptionsConfig:
+    """Options of our dispatchers (`nvshmem`, `reference`); Megatron's own ignore them."""
+
+    check_inputs: bool = False  # value checks of the router's topk_ids: host syncs, for debugging
+    combine_in_float32: bool = False  # combine partials in float32
+    transport: str = "auto"  # nvshmem: auto | put | nvlink
+    timeout_s: float = 10.0  # nvshmem: bound of every device-side wait
+    num_sms: int | None = None  # nvshmem: SMs the kernels size their grids for (None: all)
+
+
+@dataclasses.dataclass
 class RunConfig:
     steps: int = 20
     micro_batch_size: int = 4
@@ -75,6 +87,7 @@ class TrainConfig:
     model: ModelConfig
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     dispatcher: str = "auto"
+    dispatcher_options: DispatcherOptionsConfig = dataclasses.field(default_factory=DispatcherOptionsConfig)
     train: RunConfig = dataclasses.field(default_factory=RunConfig)
     output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
 
@@ -116,6 +129,12 @@ def _problems(c: TrainConfig) -> list[str]:
     if out:
         return [e for e in out if e]
     out.append(_choice("dispatcher", c.dispatcher, DISPATCHERS))
+    d = c.dispatcher_options
+    out.append(_choice("dispatcher_options.transport", d.transport, TRANSPORTS))
+    if d.timeout_s <= 0:
+        out.append(f"dispatcher_options.timeout_s: must be > 0, got {d.timeout_s}")
+    if d.num_sms is not None and d.num_sms < 1:
+        out.append(f"dispatcher_options.num_sms: must be >= 1 (or absent: every SM), got {d.num_sms}")
     out.append(_choice("train.precision", r.precision, PRECISIONS))
     out.append(_choice("model.position_embedding", m.position_embedding, POSITION_EMBEDDINGS))
     out.append(_choice("model.normalization", m.normalization, NORMALIZATIONS))

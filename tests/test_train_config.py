@@ -62,6 +62,10 @@ def _load(tmp_path: Path, edit: dict) -> TrainConfig:
         ({"train.timing_warmup": 40}, "train.timing_warmup: 40 must be in [0, steps=40)"),
         ({"model.num_expert": 4}, "model.num_expert: unknown key"),
         ({"parallel.ep": "two"}, "parallel.ep: expected int"),
+        ({"dispatcher_options.transport": "ib"}, "dispatcher_options.transport: 'ib' is not one of"),
+        ({"dispatcher_options.timeout_s": 0}, "dispatcher_options.timeout_s: must be > 0"),
+        ({"dispatcher_options.num_sms": 0}, "dispatcher_options.num_sms: must be >= 1"),
+        ({"dispatcher_options.check_input": True}, "dispatcher_options.check_input: unknown key"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, edit: dict, message: str) -> None:
@@ -92,3 +96,19 @@ def test_cpu_rejects_gpu_only_choices() -> None:
 def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match=r"presets in configs/train: \[.*'tiny'"):
         resolve_train_config("no_such_config")
+
+
+def test_dispatcher_options_reach_our_dispatcher(tmp_path: Path) -> None:
+    """YAML `dispatcher_options` -> the `DispatcherOptions` of the MoE layers in the spec."""
+    from moe_backend.training import dispatchers
+    from moe_backend.training.model import layer_spec
+
+    cfg = _load(tmp_path, {"dispatcher_options.check_inputs": True, "dispatcher_options.transport": "put",
+                           "dispatcher_options.num_sms": 24})
+    spec = dispatchers.with_dispatcher(layer_spec(cfg), "nvshmem", cfg.dispatcher_options)
+    opts = spec.submodules.mlp.keywords["options"]
+    assert opts.backend == "nvshmem" and opts.check_inputs and not opts.combine_in_float32
+    assert dict(opts.backend_options) == {"transport": "put", "timeout_s": 10.0, "num_sms": 24}
+    ref = dispatchers.with_dispatcher(layer_spec(cfg), "reference", cfg.dispatcher_options)
+    assert ref.submodules.mlp.keywords["options"].backend_options == ()  # nvshmem-only options stay out
+    assert dispatchers.with_dispatcher("unchanged", "alltoall", cfg.dispatcher_options) == "unchanged"

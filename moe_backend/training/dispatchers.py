@@ -77,15 +77,29 @@ def _flex_missing() -> str:
     return "needs DeepEP or HybridEP (not installed)"
 
 
-def with_dispatcher(spec: Any, name: str) -> Any:
-    """The layer spec with our dispatcher's MoE layer (`integration.megatron.use_backend_dispatcher`).
+def option_overrides(name: str, opts: Any) -> dict[str, Any]:
+    """`DispatcherOptions` fields from the config's `dispatcher_options` for our dispatcher `name`
+    (the backend options only where the backend takes them: nvshmem)."""
+    out: dict[str, Any] = {"check_inputs": opts.check_inputs, "combine_in_float32": opts.combine_in_float32}
+    if name == "nvshmem":
+        backend = {"transport": opts.transport, "timeout_s": opts.timeout_s}
+        if opts.num_sms is not None:
+            backend["num_sms"] = opts.num_sms
+        out["backend_options"] = tuple(sorted(backend.items()))
+    return out
+
+
+def with_dispatcher(spec: Any, name: str, opts: Any = None) -> Any:
+    """The layer spec with our dispatcher's MoE layer (`integration.megatron.use_backend_dispatcher`),
+    configured by `opts` (a `DispatcherOptionsConfig`; None: the defaults).
 
     Megatron's own names return `spec` unchanged (the config's dispatcher type selects them).
     """
     if name in MEGATRON_BUILTIN:
         return spec
     mod = _integration()
-    return mod.use_backend_dispatcher(spec, mod.select_dispatcher(name))
+    overrides = option_overrides(name, opts) if opts is not None else {}
+    return mod.use_backend_dispatcher(spec, mod.select_dispatcher(name, **overrides))
 
 
 def release() -> None:

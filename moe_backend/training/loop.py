@@ -71,7 +71,8 @@ def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True,
 
             model_parallel_cuda_manual_seed(cfg.train.seed)
         tconfig = transformer_config(cfg, dispatchers.megatron_type(name))
-        model = build_gpt(cfg, tconfig, dispatchers.with_dispatcher(layer_spec(cfg), name), device)
+        spec = dispatchers.with_dispatcher(layer_spec(cfg), name, cfg.dispatcher_options)
+        model = build_gpt(cfg, tconfig, spec, device)
         layers = moe_layers(model)
         timer = CommTimer(device)
         instrument_model(layers, timer)
