@@ -57,7 +57,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
 
     W ranks, G groups, M max tokens, per rank:
       signals   8 * (W arrive + G table + G*M token + W barrier + W*M*S partial) flags, S = combine_slices(spec)
-      tables    G * table_bytes           (16-byte header, ids[n*topk] int32, weights[n*topk] f32)
+      tables    G * table_bytes           (16-byte header, then per token ids[topk] int32, weights[topk] f32)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
