@@ -237,7 +237,8 @@ __host__ __device__ inline int table_portions(const Params& p) {
 }
 // Tokens [t0, t1) of portion j (multiples of 4 tokens, so 16-byte vectors stay aligned).
 __device__ __forceinline__ void table_portion_range(const Params& p, int n, int j, int& t0, int& t1) {
-  const int per = ((n + table_portions(p) - 1) / table_portions(p) + 3) & ~3;
+  const int np = table_portions(p);
+  const int per = ((n + np - 1) / np + 3) & ~3;
   t0 = min(n, j * per);
   t1 = min(n, t0 + per);
 }
@@ -320,7 +321,7 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
           nvshmemx_signal_op(reinterpret_cast<uint64_t*>(sig), 1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
       }
     }
-    __syncthreads();  // the next portion reuses nothing, but keep the block in step
+    // No barrier before the next portion: portions occupy disjoint bytes of the staging buffer.
   }
 }
 

@@ -83,11 +83,11 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # -- bench ----------------------------------------------------------------------------------
 def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot: str | None,
-                sms: list[int] | None = None) -> None:
+                sms: list[int] | None) -> None:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
     for preset in presets:
-        report = benchmod.run(preset, backend, say, copy_rate, sms or [])
+        report = benchmod.run(preset, backend, say, copy_rate, sms or ())
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))

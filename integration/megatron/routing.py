@@ -69,15 +69,16 @@ class PaddedLayout:
         self.row_dst = (starts[r_expert] + r_slot).clamp(0, max(rows - 1, 0))
 
     def pad(self, rows: torch.Tensor) -> torch.Tensor:
-        if rows.shape[0] == 0:
-            return rows.new_zeros((self.pad_src.shape[0], *rows.shape[1:]))
-        got = rows.index_select(0, self.pad_src)
-        mask = self.pad_valid.view(-1, *([1] * (rows.dim() - 1)))
-        return torch.where(mask, got, torch.zeros((), dtype=rows.dtype, device=rows.device))
+        return _masked_gather(rows, self.pad_src, self.pad_valid)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        if padded.shape[0] == 0:
-            return padded.new_zeros((self.row_dst.shape[0], *padded.shape[1:]))
-        got = padded.index_select(0, self.row_dst)
-        mask = self.row_valid.view(-1, *([1] * (padded.dim() - 1)))
-        return torch.where(mask, got, torch.zeros((), dtype=padded.dtype, device=padded.device))
+        return _masked_gather(padded, self.row_dst, self.row_valid)
+
+
+def _masked_gather(src: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`src[index]` where `valid`, zero rows elsewhere (differentiable; zeros for an empty src)."""
+    if src.shape[0] == 0:
+        return src.new_zeros((index.shape[0], *src.shape[1:]))
+    got = src.index_select(0, index)
+    mask = valid.view(-1, *([1] * (src.dim() - 1)))
+    return torch.where(mask, got, torch.zeros((), dtype=src.dtype, device=src.device))
