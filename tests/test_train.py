@@ -54,6 +54,11 @@ def test_bad_config_exits_with_explanation(tmp_path: Path) -> None:
     assert "parallel.tp" in run.stderr or "parallel.ep: world_size=3 is not divisible" in run.stderr
 
 
+def test_profile_device_only_needs_profile_dir() -> None:
+    run = _cli("train", "--config", "tiny", "--profile-device-only", timeout=120)
+    assert run.returncode != 0 and "--profile-device-only needs --profile DIR" in run.stderr
+
+
 def test_train_bench_on_cpu_writes_table_json_png(tmp_path: Path) -> None:
     run = _cli("train-bench", "--config", "tiny", "--steps", "6", "--out", str(tmp_path))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

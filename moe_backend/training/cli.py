@@ -49,11 +49,12 @@ def quiet_megatron_warnings() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
 
 
-def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool, profile_dir: str | None = None) -> None:
+def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool, profile_dir: str | None = None,
+                profile_device_only: bool = False) -> None:
     quiet_megatron_warnings()
     from .loop import train_rank
 
-    result = train_rank(cfg, out_dir, progress, profile_dir)
+    result = train_rank(cfg, out_dir, progress, profile_dir, profile_device_only)
     if result is not None and progress:
         report.say(report.summary_line(result))
 
@@ -76,7 +77,10 @@ def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_with_overrides(args)
     out = args.out or cfg.output.dir
-    run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress, args.profile)
+    if args.profile_device_only and not args.profile:
+        raise SystemExit("--profile-device-only needs --profile DIR")
+    run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress, args.profile,
+                    args.profile_device_only)
     return 0
 
 
@@ -94,6 +98,9 @@ def add_train_parser(subparsers: Any) -> None:
     t.add_argument("--quiet", action="store_true", help="no per-step progress lines")
     t.add_argument("--profile", metavar="DIR",
                    help="profile 3 steps after the timing warm-up; per-rank kernel summary in DIR")
+    t.add_argument("--profile-device-only", action="store_true",
+                   help="with --profile: record GPU kernels only (no host operators), so the host runs at "
+                        "about its unprofiled speed")
     t.set_defaults(fn=cmd_train)
 
 

@@ -43,10 +43,11 @@ def _reduce(values: list[float], op: Any, device: torch.device) -> list[float]:
 
 
 def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True,
-               profile_dir: str | None = None) -> dict[str, Any] | None:
+               profile_dir: str | None = None, profile_device_only: bool = False) -> dict[str, Any] | None:
     """Train on this rank (process group already initialised). Rank 0 returns the log.
 
-    profile_dir: profile 3 steps after the timing warm-up there (see profiling.py).
+    profile_dir: profile 3 steps after the timing warm-up there (see profiling.py);
+    profile_device_only: record kernels only (no host operator events).
     """
     from megatron.core import parallel_state as ps
 
@@ -81,7 +82,7 @@ def train_rank(cfg: TrainConfig, out_dir: str | None, progress: bool = True,
         log = report.RunLog(cfg, name, device, world, sum(q.numel() for q in params))
         if rank0 and progress:
             report.say(log.header())
-        profiler = StepProfiler(profile_dir, start=cfg.train.timing_warmup)
+        profiler = StepProfiler(profile_dir, start=cfg.train.timing_warmup, device_only=profile_device_only)
         _steps(cfg, model, layers, opt, timer, log, device, progress and rank0, ps.get_data_parallel_rank(), profiler)
     finally:
         dispatchers.release()

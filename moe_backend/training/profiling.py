@@ -18,8 +18,11 @@ import torch
 
 
 class StepProfiler:
-    def __init__(self, out_dir: str | None, start: int, count: int = 3):
+    def __init__(self, out_dir: str | None, start: int, count: int = 3, device_only: bool = False):
         self.out_dir = out_dir
+        # device_only: kernels only, no host-side operator events. The host then runs at
+        # nearly its unprofiled speed, so the timeline shows the unprofiled waits.
+        self.device_only = device_only
         self.start, self.count = start, count
         self._prof: Any = None
         self._t0 = 0.0
@@ -28,6 +31,7 @@ class StepProfiler:
         if self.out_dir and step == self.start:
             acts = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
+                acts = acts[:0] if self.device_only else acts
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             self._prof = torch.profiler.profile(activities=acts)
             self._prof.__enter__()

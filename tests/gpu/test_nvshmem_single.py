@@ -1,0 +1,75 @@
+"""The nvshmem backend on ONE GPU (world 1: every token stays local), both transports, the
+receives overlapped and not: runs where only one GPU is lent, and covers the paths a
+one-rank world takes (the plan's grid barrier, the combine send finishing every own token
+at prefill sizes). Fresh seed per run (printed); MOE_TEST_SEED replays one."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+
+import pytest
+import torch
+
+from moe_backend import launch
+from moe_backend.communicator import Communicator
+from moe_backend.spec import CommSpec
+from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, run_case
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _workers  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+if torch.cuda.device_count() < 1:
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+try:
+    import moe_backend._C  # noqa: F401
+except ImportError as err:
+    pytest.skip(f"moe_backend._C unavailable: {err}", allow_module_level=True)
+
+SEED = int(os.environ.get("MOE_TEST_SEED", time.time_ns() % (2**31)))
+
+
+def one_rank_cases(seed: int, count: int = 30) -> list[Case]:
+    """Random shapes and dtypes, half of them past the combine-overlap limit (G*M > 1024)."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        L = rng.choice([1, 2, 3, 4, 8, 16])
+        hidden = rng.choice([8, 36, 64, 128, 200, 256, 1000])
+        in_dtype = _workers.DTYPES_IN[i % 4]
+        block = None
+        if in_dtype == _workers.FP8:
+            block = rng.choice([d for d in (4, 8, 16, 32, 64, 128) if hidden % d == 0] or [hidden])
+        tokens = rng.choice([rng.randint(1, 48), rng.randint(1100, 3000)])
+        spec = CommSpec(num_experts=L, topk=rng.randint(1, min(L, 8)), hidden=hidden, max_num_tokens=tokens,
+                        world_size=1, in_dtype=in_dtype, out_dtype=rng.choice(_workers.DTYPES_OUT),
+                        scale_block_size=block, combine_in_float32=rng.random() < 0.4)
+        cases.append(Case(spec, ROUTINGS[i % len(ROUTINGS)], seed * 1000 + i, rng.random() < 0.6,
+                          NUM_TOKENS_MODES[(i // 4) % 3]))
+    cases.append(Case(CommSpec(256, 8, 7168, 4096, 1), "uniform", seed * 1000 + 999, True, "tensor"))
+    return cases
+
+
+def _one_rank_worker(seed: int, overlap: str) -> None:
+    os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = overlap  # read when an arena is created
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP"] = overlap
+    for transport in ("put", "nvlink"):
+        for case in one_rank_cases(seed):
+            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
+            try:
+                for _ in range(2):  # a second round on the same arena
+                    run_case(comm, case)
+            except Exception as err:
+                raise AssertionError(f"[{transport}, overlap={overlap}] {case.describe()}: {err}") from err
+            finally:
+                comm.close()
+
+
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_contract_on_one_gpu(overlap: str) -> None:
+    print(f"seed={SEED}")
+    launch.spawn(_one_rank_worker, 1, SEED, overlap, dist_backend="nccl", timeout=300)
