@@ -760,8 +760,8 @@ constexpr int ROW_BATCH = 4;
 // has already arrived, is finished here: the two partials are summed in rank order exactly as
 // the receive would, written to `out`, and `done[t] = round` tells the receive to skip it.
 // The own partial then never goes through HBM (written, read back) and the receive shrinks
-// to the tokens that missed. Own tokens are visited `lag` positions late, so that the other
-// rank (visiting this group's tokens in plain t order) has usually sent theirs.
+// to the tokens that missed. Own tokens are visited about `lag` positions late (see
+// finishing_order), so that the other rank has usually sent its partial by then.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
@@ -792,6 +792,43 @@ __device__ bool own_token_ready(const Params& p, const int* __restrict__ ids, in
   return true;
 }
 
+// Visiting order of the combine send's items when it finishes own tokens (S == 1): a
+// permutation of the G*M items (g, t). First `lag` items of the other groups (t-major),
+// then blocks of G-1 other-group items and one own item, then whatever remains of either
+// (other groups' items first). Statically strided warps process position i in about wave
+// i / (warps in the grid), so own token t comes about `lag` positions (one wave) after the
+// other ranks, visiting this group's tokens in plain t order, sent their partials of t.
+// No position is empty: an empty one would let its warp run ahead and break the waves.
+__device__ __forceinline__ void finishing_order(const Params& p, long long i, int lag, int& g, int& t) {
+  const int G = p.G, M = p.M;
+  const long long others = (long long)(G - 1) * M;
+  const long long head = lag < others ? lag : others;
+  long long r = -1, o = -1;  // index into the other groups' items / the own items
+  if (i < head) {
+    r = i;
+  } else {
+    const long long j = i - head, rest = others - head;
+    const long long blocks = G > 1 ? (rest / (G - 1) < M ? rest / (G - 1) : M) : 0;
+    if (j < blocks * G) {
+      const long long b = j / G, k = j % G;
+      if (k < G - 1) r = head + b * (G - 1) + k;
+      else o = b;
+    } else {
+      const long long j2 = j - blocks * G, left = rest - blocks * (G - 1);
+      if (j2 < left) r = head + blocks * (G - 1) + j2;
+      else o = blocks + (j2 - left);
+    }
+  }
+  if (o >= 0) {
+    g = p.group;
+    t = (int)o;
+  } else {
+    const int k = (int)(r % (G - 1));
+    g = k < p.group ? k : k + 1;
+    t = (int)(r / (G - 1));
+  }
+}
+
 template <bool NVL, typename TY, typename TX, int N>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y, const float* __restrict__ w,
                                                     const int* __restrict__ ids, TY* __restrict__ out, int lag) {
@@ -804,13 +841,17 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
 
   const int S = p.comb_slices;
-  const long long total = (long long)G * (M + lag) * S;
+  const long long total = (long long)G * M * S;
   for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
     const int sl = (int)(i % S);
-    const int g = (int)(i / S % G);
+    int g, t;
+    if (out) {
+      finishing_order(p, i, lag, g, t);  // S == 1 here
+    } else {
+      g = (int)(i / S % G);
+      t = (int)(i / S / G);
+    }
     const bool own = out != nullptr && g == p.group;
-    const int t = (int)(i / S / G) - (own ? lag : 0);
-    if (t < 0 || t >= M) continue;
     const long long u = (long long)g * M + t;
     const int* rm = p.rowmap + u * topk;
     int nk = 0;
@@ -1057,12 +1098,12 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Finishing own tokens in the combine send needs whole-row partials (one slice per token).
   const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_FINISH_OWN");
   cx->finish_own = !(fenv && fenv[0] == '0') && p->comb_slices == 1;
-  // Lag: about one wave of the send's warps (all of them hold an item at once), so the other
-  // rank's partial for an own token was sent a wave earlier than the token is visited.
+  // Lag (item positions): one wave of the send's warps (all of them hold an item at once), so
+  // the other rank's partial for an own token was sent a wave before the token is visited.
   const int send_blocks = std::max(1, std::min(p->num_sms, p->G * p->M));
   const char* lenv = std::getenv("MOE_BACKEND_NVSHMEM_FINISH_LAG");
-  cx->finish_lag = lenv ? std::atoi(lenv) : send_blocks * NWARPS / p->G;
-  cx->finish_lag = std::max(0, std::min(cx->finish_lag, p->M));
+  cx->finish_lag = lenv ? std::atoi(lenv) : send_blocks * NWARPS;
+  cx->finish_lag = std::max(0, std::min(cx->finish_lag, p->G * p->M));
   if (cx->overlap || cx->comb_overlap) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));

@@ -52,8 +52,25 @@ def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, a
             dist.destroy_process_group()
 
 
+class _PortTaken(RuntimeError):
+    """The rendezvous port was taken between `free_port()` and the bind (nothing ran yet)."""
+
+
 def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo", timeout: float = 600) -> None:
-    """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback."""
+    """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback.
+
+    A rendezvous port that another process grabbed first is retried on a fresh port (twice).
+    """
+    for attempt in range(3):
+        try:
+            _spawn_once(fn, world_size, args, dist_backend, timeout)
+            return
+        except _PortTaken:
+            if attempt == 2:
+                raise
+
+
+def _spawn_once(fn: Callable, world_size: int, args: tuple, dist_backend: str, timeout: float) -> None:
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     port = free_port()
@@ -74,7 +91,8 @@ def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo",
         failures.append(errors.get())
     if failures:
         detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures))
-        raise RuntimeError(f"{len(failures)} rank(s) failed:\n{detail}")
+        error = _PortTaken if all("EADDRINUSE" in tb for _, tb in failures) else RuntimeError
+        raise error(f"{len(failures)} rank(s) failed:\n{detail}")
     if hung:
         raise RuntimeError(f"ranks {hung} did not finish within {timeout} s")
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
