@@ -42,7 +42,6 @@ struct Params {
   unsigned long long* state;  // [0]=seq [1]=dispatch arrive [2]=dispatch grid flag [3]=combine arrive [4]=err
                               // [5]=dispatch copy work counter (reset by the plan kernel every round)
   int* cnt;      // [nchunks, L]
-  unsigned long long* done;  // [M] round in which the combine send finished own token t (see combine_send_kernel)
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
   int pe[MAXW];
@@ -755,83 +754,13 @@ constexpr int ROW_BATCH = 4;
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
-// Finishing own tokens (`out` given: the receive runs after this kernel, S == 1): a token of
-// this rank's own group whose experts live here and on at most one other rank, whose partial
-// has already arrived, is finished here: the two partials are summed in rank order exactly as
-// the receive would, written to `out`, and `done[t] = round` tells the receive to skip it.
-// The own partial then never goes through HBM (written, read back) and the receive shrinks
-// to the tokens that missed. Own tokens are visited about `lag` positions late (see
-// finishing_order), so that the other rank has usually sent its partial by then.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
 // 240 vs 208 us, docs/KERNELS.md.)
-
-// For own token t: the ranks holding its experts (from the caller's ids, as the receive
-// derives them). True when they are this rank and at most one other whose partial is here;
-// `other` is then that partial (nullptr: none) and `own_first` whether this rank sums first.
-template <typename TX>
-__device__ bool own_token_ready(const Params& p, const int* __restrict__ ids, int t, unsigned long long round,
-                                int lane, const TX*& other, bool& own_first) {
-  unsigned long long mask = 0;
-  for (int k = lane; k < p.topk; k += 32) {
-    const int id = ids[(long long)t * p.topk + k];
-    if (id >= 0 && id < p.E) mask |= 1ULL << (id / p.L);
-  }
-  const unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
-  const unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
-  mask = (((unsigned long long)hi << 32) | lo) & ~(1ULL << p.rank);
-  if (__popcll(mask) > 1) return false;
-  other = nullptr;
-  own_first = true;
-  if (mask == 0) return true;
-  const int r = __ffsll((long long)mask) - 1;
-  if (ld_acquire_sys(sigp(p, p.sym, sig_comb(p, r, t, 0))) < round) return false;
-  other = reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * p.M + t) * p.part_bytes);
-  own_first = p.rank < r;
-  return true;
-}
-
-// Visiting order of the combine send's items when it finishes own tokens (S == 1): a
-// permutation of the G*M items (g, t). First `lag` items of the other groups (t-major),
-// then blocks of G-1 other-group items and one own item, then whatever remains of either
-// (other groups' items first). Statically strided warps process position i in about wave
-// i / (warps in the grid), so own token t comes about `lag` positions (one wave) after the
-// other ranks, visiting this group's tokens in plain t order, sent their partials of t.
-// No position is empty: an empty one would let its warp run ahead and break the waves.
-__device__ __forceinline__ void finishing_order(const Params& p, long long i, int lag, int& g, int& t) {
-  const int G = p.G, M = p.M;
-  const long long others = (long long)(G - 1) * M;
-  const long long head = lag < others ? lag : others;
-  long long r = -1, o = -1;  // index into the other groups' items / the own items
-  if (i < head) {
-    r = i;
-  } else {
-    const long long j = i - head, rest = others - head;
-    const long long blocks = G > 1 ? (rest / (G - 1) < M ? rest / (G - 1) : M) : 0;
-    if (j < blocks * G) {
-      const long long b = j / G, k = j % G;
-      if (k < G - 1) r = head + b * (G - 1) + k;
-      else o = b;
-    } else {
-      const long long j2 = j - blocks * G, left = rest - blocks * (G - 1);
-      if (j2 < left) r = head + blocks * (G - 1) + j2;
-      else o = blocks + (j2 - left);
-    }
-  }
-  if (o >= 0) {
-    g = p.group;
-    t = (int)o;
-  } else {
-    const int k = (int)(r % (G - 1));
-    g = k < p.group ? k : k + 1;
-    t = (int)(r / (G - 1));
-  }
-}
-
 template <bool NVL, typename TY, typename TX, int N>
-__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y, const float* __restrict__ w,
-                                                    const int* __restrict__ ids, TY* __restrict__ out, int lag) {
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+                                                    const float* __restrict__ w) {
   constexpr int C = chunks_per_step<TY, N>();
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
@@ -844,14 +773,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long total = (long long)G * M * S;
   for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
     const int sl = (int)(i % S);
-    int g, t;
-    if (out) {
-      finishing_order(p, i, lag, g, t);  // S == 1 here
-    } else {
-      g = (int)(i / S % G);
-      t = (int)(i / S / G);
-    }
-    const bool own = out != nullptr && g == p.group;
+    const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
     const int* rm = p.rowmap + u * topk;
     int nk = 0;
@@ -868,21 +790,12 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
     if (nk == 0) continue;
-    const TX* other = nullptr;
-    bool own_first = true;
-    const bool fin = own && own_token_ready<TX>(p, ids, t, round, lane, other, own_first);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-      VecT<TX, N> oth[C];  // the other rank's partial, loaded beside the rows
-      if (fin && other) {
-#pragma unroll
-        for (int c = 0; c < C; ++c)
-          if (h + c * 32 * N < h1) load_raw<TX, N>(other + h + c * 32 * N, oth[c]);
-      }
       float acc[C][N];
       sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
 #pragma unroll
@@ -890,23 +803,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         const int hh = h + c * 32 * N;
         if (hh < h1) {
           if constexpr (NVL) {
-            for (int q = 0; q < p.tp; ++q)
-              if (!fin || q != p.replica)
-                store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
+            for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
           } else {
-            if (!fin || p.tp > 1) store_n<TX, N>(stage + hh, acc[c]);
-          }
-          if (fin) {
-            // The receive's sum: from 0.0f, in rank order, of the partials as transferred.
-            float o[N];
-#pragma unroll
-            for (int j = 0; j < N; ++j) {
-              const float mine = to_f<TX>(from_f<TX>(acc[c][j]));
-              const float theirs = other ? to_f<TX>(oth[c].v[j]) : 0.0f;
-              o[j] = __fadd_rn(0.0f, own_first ? mine : theirs);
-              if (other) o[j] = __fadd_rn(o[j], own_first ? theirs : mine);
-            }
-            store_n<TY, N>(out + (long long)t * H + hh, o);
+            store_n<TX, N>(stage + hh, acc[c]);
           }
         }
       }
@@ -916,12 +815,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       if (lane == 0) {
         __threadfence_system();
         for (int q = 0; q < p.tp; ++q)
-          if (!fin || q != p.replica) st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
+          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
       }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
-        if (fin && q == p.replica) continue;
         if (h1 > h0)
           nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
                                           (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
@@ -930,7 +828,6 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
           nvshmemx_signal_op(sig, round, NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
       }
     }
-    if (fin && lane == 0) p.done[t] = round;  // the receive (next kernel on this stream) skips t
     __syncwarp();
   }
 }
@@ -942,7 +839,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const int* __restrict__ ids,
                                                                 const int* __restrict__ nptr, int n_host, int rows,
-                                                                TO* __restrict__ out, int skip_done) {
+                                                                TO* __restrict__ out) {
   constexpr int C = chunks_per_step<TX, N>();
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
@@ -957,7 +854,6 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
   const long long items = (long long)rows * S;
   for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < items; i += (long long)gridDim.x * nwarps) {
     const int t = (int)(i / S), sl = (int)(i % S);
-    if (skip_done && t < n && p.done[t] == round) continue;  // finished by the combine send
     unsigned long long mask = 0;
     if (t < n) {
       for (int k = lane; k < topk; k += 32) {
@@ -1045,11 +941,6 @@ struct Ctx {
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
   at::Tensor comb_out, comb_ids, comb_ntok;
-  // Sequential combine: the send finishes own tokens into `fin_out` (pending until the
-  // receive, which must write the same tensor); own tokens are visited `finish_lag` late.
-  bool finish_own = false;
-  int finish_lag = 0;
-  at::Tensor fin_out;
 
 };
 
@@ -1067,7 +958,7 @@ static Ctx& CX(int64_t ctx) {
 static Params& P(int64_t ctx) { return CX(ctx).p; }
 
 int64_t create_ctx(std::vector<int64_t> c) {
-  TORCH_CHECK(c.size() >= 37, "create_ctx: short config");
+  TORCH_CHECK(c.size() >= 36, "create_ctx: short config");
   auto* cx = new Ctx();
   Params* p = &cx->p;
   int i = 0;
@@ -1083,7 +974,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->off_stage_disp = c[i++]; p->off_stage_table = c[i++]; p->off_stage_comb = c[i++];
   p->state = reinterpret_cast<unsigned long long*>(c[i++]);
   p->cnt = reinterpret_cast<int*>(c[i++]);
-  p->done = reinterpret_cast<unsigned long long*>(c[i++]);
   p->rowmap = reinterpret_cast<int*>(c[i++]);
   p->err_host = reinterpret_cast<int*>(c[i++]);
   TORCH_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length");
@@ -1095,15 +985,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
-  // Finishing own tokens in the combine send needs whole-row partials (one slice per token).
-  const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_FINISH_OWN");
-  cx->finish_own = !(fenv && fenv[0] == '0') && p->comb_slices == 1;
-  // Lag (item positions): one wave of the send's warps (all of them hold an item at once), so
-  // the other rank's partial for an own token was sent a wave before the token is visited.
-  const int send_blocks = std::max(1, std::min(p->num_sms, p->G * p->M));
-  const char* lenv = std::getenv("MOE_BACKEND_NVSHMEM_FINISH_LAG");
-  cx->finish_lag = lenv ? std::atoi(lenv) : send_blocks * NWARPS;
-  cx->finish_lag = std::max(0, std::min(cx->finish_lag, p->G * p->M));
   if (cx->overlap || cx->comb_overlap) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1255,32 +1136,24 @@ static int ready_kernel(K kernel, int threads) {
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
 }
 
-// Launches the combine send; returns the registers one of its blocks takes. With `fin` (ids,
-// out, lag) it finishes the own tokens it can (see combine_send_kernel).
-struct Finish {
-  const int* ids = nullptr;
-  void* out = nullptr;
-  int lag = 0;
-};
+// Launches the combine send; returns the registers one of its blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
-static int launch_combine_send_n(const Params& p, const void* y, const float* w, const Finish& f, cudaStream_t s) {
+static int launch_combine_send_n(const Params& p, const void* y, const float* w, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N>, NTHREADS);
-  combine_send_kernel<NVL, TY, TX, N><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w, f.ids,
-                                                                  reinterpret_cast<TY*>(f.out), f.lag);
+  combine_send_kernel<NVL, TY, TX, N><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
   return regs;
 }
 
 template <bool NVL, typename TY, typename TX>
-static int launch_combine_send(const Params& p, const void* y, const float* w, const Finish& f, cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, f, s)
-                      : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, f, s);
+static int launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, s) : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, s);
 }
 
 template <bool NVL, typename TY>
-static int launch_combine_send_x(const Params& p, const void* y, const float* w, const Finish& f, cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, f, s);
-  return launch_combine_send<NVL, TY, TY>(p, y, w, f, s);
+static int launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, s);
+  return launch_combine_send<NVL, TY, TY>(p, y, w, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -1288,56 +1161,50 @@ static int launch_combine_send_x(const Params& p, const void* y, const float* w,
 // Concurrent only when one send block and one receive block fit an SM's 64K registers
 // together: the receive has <= SMs blocks, so it can never fill every SM twice over and the
 // never-waiting send always finds room (no deadlock). Returns false (nothing launched) when
-// they would not fit: the caller then runs the receive alone, later. `skip_done`: the send
-// finished some own tokens (sequential receive only).
+// they would not fit: the caller then runs the receive alone, later.
 constexpr int COMB_OVERLAP_THREADS = 128;
 template <typename TX, typename TO>
 static bool launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
-                                int send_regs, int skip_done, cudaStream_t s) {
+                                int send_regs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   if (p.H % 8 == 0) {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 8>
-        <<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out), skip_done);
+    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
   } else {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 1>
-        <<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out), skip_done);
+    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
   }
   return true;
 }
 
 static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, const std::optional<at::Tensor>& ntok,
-                                    int64_t n_host, at::Tensor& out, int send_regs, int skip_done, cudaStream_t s) {
+                                    int64_t n_host, at::Tensor& out, int send_regs, cudaStream_t s) {
   const int* nptr = ntok ? ntok->data_ptr<int>() : nullptr;
   const int rows = out.size(0);
   void* o = out.data_ptr();
   const int* ip = ids.data_ptr<int>();
   const int nh = (int)n_host;
-  const int sd = skip_done;
   bool launched;
   switch (p.out_code) {
     case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, sd, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, sd, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s);
       break;
     case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ip, nptr, nh, rows, o, send_regs, sd, s)
-                                  : launch_combine_recv<__half, __half>(p, ip, nptr, nh, rows, o, send_regs, sd, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ip, nptr, nh, rows, o, send_regs, s)
+                                  : launch_combine_recv<__half, __half>(p, ip, nptr, nh, rows, o, send_regs, s);
       break;
-    default: launched = launch_combine_recv<float, float>(p, ip, nptr, nh, rows, o, send_regs, sd, s); break;
+    default: launched = launch_combine_recv<float, float>(p, ip, nptr, nh, rows, o, send_regs, s); break;
   }
   CUDA_OK(cudaGetLastError());
   return launched;
 }
 
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
-// receive, concurrently on the side stream (see Ctx); combine_recv then only joins. Without
-// overlap, the send finishes the own tokens it can into `out` (see combine_send_kernel) and
-// combine_recv, which must get the same `out`, does the rest.
+// receive, concurrently on the side stream (see Ctx); combine_recv then only joins.
 at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {
@@ -1349,19 +1216,12 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   if (overlap) CUDA_OK(cudaEventRecord(cx.fork, s));
   const float* wp = w ? w->data_ptr<float>() : nullptr;
   const void* yp = y.data_ptr();
-  Finish fin;
-  if (!overlap && cx.finish_own && ids.has_value() && out.has_value()) {
-    fin.ids = ids->data_ptr<int>();
-    fin.out = out->data_ptr();
-    fin.lag = cx.finish_lag;
-    cx.fin_out = *out;
-  }
   int send_regs = 0;
-#define CS(NVL)                                                                                  \
-  switch (p.out_code) {                                                                          \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, fin, s); break;     \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, fin, s); break;            \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, fin, s); break;       \
+#define CS(NVL)                                                                             \
+  switch (p.out_code) {                                                                     \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS
@@ -1369,7 +1229,7 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   if (overlap) {
     at::Tensor o = *out;
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
-    if (!launch_combine_recv_any(p, *ids, ntok, n_host, o, send_regs, 0, cx.side))
+    if (!launch_combine_recv_any(p, *ids, ntok, n_host, o, send_regs, cx.side))
       return at::empty({0}, y.options().dtype(at::kInt));  // would not fit beside the send: combine_recv runs it
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.comb_out = o;
@@ -1391,13 +1251,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
     cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();  // joined: their reuse is ordered after the kernel
     return;
   }
-  const bool skip_done = cx.fin_out.defined();
-  if (skip_done) {
-    const bool same = cx.fin_out.data_ptr() == out.data_ptr() && cx.fin_out.sizes() == out.sizes();
-    cx.fin_out = at::Tensor();
-    TORCH_CHECK(same, "combine_recv: `out` is not the tensor given to combine_send");
-  }
-  launch_combine_recv_any(cx.p, ids, ntok, n_host, out, 0, skip_done ? 1 : 0, s);
+  launch_combine_recv_any(cx.p, ids, ntok, n_host, out, 0, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------

@@ -42,7 +42,11 @@ def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, a
     os.environ["MASTER_PORT"] = str(port)
     os.environ["LOCAL_RANK"] = str(rank)
     try:
-        init_process_group(dist_backend, rank, world)
+        if dist_backend == "nccl":
+            torch.cuda.set_device(rank)
+        # A client of the parent's store: no rank binds a port, so none can find it taken.
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+        dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world)
         fn(*args)
     except BaseException:  # report every rank's failure to the parent
         errors.put((rank, traceback.format_exc()))
@@ -52,30 +56,17 @@ def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, a
             dist.destroy_process_group()
 
 
-class _PortTaken(RuntimeError):
-    """The rendezvous port was taken between `free_port()` and the bind (nothing ran yet)."""
-
-
 def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo", timeout: float = 600) -> None:
     """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback.
 
-    A rendezvous port that another process grabbed first is retried on a fresh port (twice).
+    The rendezvous store lives in this process, on a port the OS picks when it binds (a port
+    picked first and bound later by a worker could be taken in between).
     """
-    for attempt in range(3):
-        try:
-            _spawn_once(fn, world_size, args, dist_backend, timeout)
-            return
-        except _PortTaken:
-            if attempt == 2:
-                raise
-
-
-def _spawn_once(fn: Callable, world_size: int, args: tuple, dist_backend: str, timeout: float) -> None:
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    port = free_port()
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, dist_backend, fn, args, errors), daemon=False)
+        ctx.Process(target=_worker, args=(r, world_size, store.port, dist_backend, fn, args, errors), daemon=False)
         for r in range(world_size)
     ]
     for p in procs:
@@ -91,8 +82,7 @@ def _spawn_once(fn: Callable, world_size: int, args: tuple, dist_backend: str, t
         failures.append(errors.get())
     if failures:
         detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures))
-        error = _PortTaken if all("EADDRINUSE" in tb for _, tb in failures) else RuntimeError
-        raise error(f"{len(failures)} rank(s) failed:\n{detail}")
+        raise RuntimeError(f"{len(failures)} rank(s) failed:\n{detail}")
     if hung:
         raise RuntimeError(f"ranks {hung} did not finish within {timeout} s")
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]

@@ -90,13 +90,11 @@ def buffer_bytes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
 
     Symmetric (NVSHMEM heap, per rank): signals, tables, dispatch, combine, staging (put
     transport only); `symmetric_total` is their sum with alignment. Local device memory:
-    `rowmap` (G*M*topk int32, the received row of every (token, k)), chunk counters, the
-    combine's per-token `done` rounds (M int64), state.
+    `rowmap` (G*M*topk int32, the received row of every (token, k)), chunk counters, state.
     """
     lay = layout(spec, "put" if transport == "auto" else transport)
     chunks = max(1, -(-spec.num_groups * spec.max_num_tokens // 32))  # upper bound
-    local = (spec.num_groups * spec.max_num_tokens * spec.topk * 4 + chunks * spec.num_local_experts * 4
-             + spec.max_num_tokens * 8 + 64)
+    local = spec.num_groups * spec.max_num_tokens * spec.topk * 4 + chunks * spec.num_local_experts * 4 + 64
     return {
         "signals": lay["signals"],
         "tables": lay["tables"],
@@ -226,8 +224,6 @@ class Arena:
         L = spec.num_local_experts
         self.state = torch.zeros(8, dtype=torch.int64, device=device)
         self.cnt = torch.zeros(self.nchunks * L, dtype=torch.int32, device=device)
-        # Round in which the combine send finished own token t (the receive skips it).
-        self.done = torch.zeros(spec.max_num_tokens, dtype=torch.int64, device=device)
         self.rowmap = torch.full((spec.num_groups * spec.max_num_tokens * spec.topk,), -1, dtype=torch.int32,
                                  device=device)
         self.err = torch.zeros(4, dtype=torch.int32, pin_memory=True)
@@ -245,7 +241,7 @@ class Arena:
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],
-            self.state.data_ptr(), self.cnt.data_ptr(), self.done.data_ptr(), self.rowmap.data_ptr(),
+            self.state.data_ptr(), self.cnt.data_ptr(), self.rowmap.data_ptr(),
             self.err.data_ptr(),
             *pes, *peers,
         ]
