@@ -13,17 +13,7 @@ steps=${2:-30}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
-export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
-# One node, NVLink only (see scripts/slurm/nvshmem_env.sh).
-source scripts/slurm/nvshmem_env.sh nvlink
-if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
-  echo "building moe_backend._C (log: $out/build.log)"
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-8} \
-    "$PYTHON" setup.py build_ext --inplace > "$out/build.log" 2>&1 || echo "build failed: nvshmem will be skipped"
-fi
+source scripts/gpu_env.sh
 rc=0
 # Smoke: the tiny config end to end with our kernels (auto = nvshmem when they load).
 "$PYTHON" -m moe_backend.cli train --config tiny --out "$out/train_tiny" 2>&1 | tee "$out/train_tiny.log"

@@ -1,0 +1,19 @@
+# Shared preamble of the GPU benchmark scripts; source it from the repository root with $out
+# set. One node over NVLink (see scripts/slurm/nvshmem_env.sh), the carried wheels (as
+# gpu_check.sh installs them), this checkout on PYTHONPATH, and moe_backend._C built in place
+# when it is missing (gpu_check.sh builds it first).
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+source scripts/slurm/nvshmem_env.sh nvlink
+if ls .whl/*.whl >/dev/null 2>&1; then
+  [ -d /tmp/site ] || "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
+  echo "building moe_backend._C (log: $out/build.log)"
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-8} \
+    "$PYTHON" setup.py build_ext --inplace > "$out/build.log" 2>&1 || echo "build failed: nvshmem will be skipped"
+fi

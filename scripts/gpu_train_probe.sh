@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Step-time probe for one training config on a 2-GPU machine: each variant is its own
+# `moe-backend train` launch, the variants alternate (A B C A B C ...) so that a drifting
+# host does not favour one of them, and one extra launch per variant records a GPU-only
+# profile (`--profile-device-only`: both ranks' kernel timelines).
+#   scripts/gpu_train_probe.sh OUT_DIR [CONFIG] [STEPS] [ROUNDS]
+# Variants: "nvshmem" (defaults), "nvshmem-no-overlap" (MOE_BACKEND_NVSHMEM_OVERLAP=0 and
+# MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0), "alltoall". Writes OUT_DIR/probe.txt (median step
+# time per launch) and OUT_DIR/probe.tgz (every log, CSV and trace).
+set -uo pipefail
+out=${1:-${OUT:-/tmp/moe_gpu_train_probe}}
+config=${2:-mixtral_2gpu}
+steps=${3:-14}
+rounds=${4:-2}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+work=$out/probe
+mkdir -p "$work"
+launch() {  # variant, run name, extra train arguments...
+  local variant=$1 name=$2
+  shift 2
+  local env=() dispatcher=$variant
+  if [ "$variant" = nvshmem-no-overlap ]; then
+    env=(MOE_BACKEND_NVSHMEM_OVERLAP=0 MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0)
+    dispatcher=nvshmem
+  fi
+  env "${env[@]}" "$PYTHON" -m moe_backend.cli train --config "$config" --steps "$steps" --dispatcher "$dispatcher" \
+    --out "$work/$name" --quiet "$@" > "$work/$name.log" 2>&1
+  local rc=$?
+  "$PYTHON" - "$work/$name/train_log.csv" "$name" "$rc" >> "$out/probe.txt" <<'PY'
+import csv, statistics, sys
+path, name, rc = sys.argv[1:]
+try:
+    rows = list(csv.DictReader(open(path)))
+    ms = [float(r["time_s"]) * 1e3 for r in rows[5:]]
+    print(f"{name:<34} rc={rc} median step {statistics.median(ms):8.1f} ms over {len(ms)} steps")
+except (OSError, ValueError, statistics.StatisticsError) as err:
+    print(f"{name:<34} rc={rc} no step times ({err})")
+PY
+}
+: > "$out/probe.txt"
+for r in $(seq 1 "$rounds"); do
+  for v in nvshmem nvshmem-no-overlap alltoall; do launch "$v" "${v}_$r"; done
+done
+for v in nvshmem nvshmem-no-overlap alltoall; do
+  launch "$v" "${v}_profile" --profile "$work/${v}_profile/trace" --profile-device-only
+done
+cat "$out/probe.txt"
+tar czf "$out/probe.tgz" -C "$out" probe && rm -rf "$work"
