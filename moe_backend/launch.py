@@ -6,7 +6,6 @@ Used by the CLI (when not started under torchrun) and by the multi-process tests
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -16,37 +15,36 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(world_size: int) -> dist.TCPStore:
+    """A store for `world_size` local ranks, held by this (parent) process: it binds a port
+    the OS picks, so no rank can find its port taken (a port picked first and bound later by
+    a worker could be). Keep it alive while the ranks run; they join with `join_group`."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+
+
+def join_group(dist_backend: str, rank: int, world_size: int, port: int) -> None:
+    """Initialise the default process group as a client of the parent's store on `port`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    if dist_backend == "nccl":
+        torch.cuda.set_device(rank)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False)
+    dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world_size)
 
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def init_process_group(dist_backend: str, rank: int | None = None, world_size: int | None = None) -> None:
-    """Initialise from torchrun's environment, or from explicit rank/size on localhost."""
+def init_process_group(dist_backend: str) -> None:
+    """Initialise from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK)."""
     if dist_backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank or 0))
-        torch.cuda.set_device(local)
-    if rank is None:
-        dist.init_process_group(dist_backend)
-    else:
-        dist.init_process_group(dist_backend, rank=rank, world_size=world_size)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(dist_backend)
 
 
 def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, args: tuple, errors: Any) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["LOCAL_RANK"] = str(rank)
     try:
-        if dist_backend == "nccl":
-            torch.cuda.set_device(rank)
-        # A client of the parent's store: no rank binds a port, so none can find it taken.
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
-        dist.init_process_group(dist_backend, store=store, rank=rank, world_size=world)
+        join_group(dist_backend, rank, world, port)
         fn(*args)
     except BaseException:  # report every rank's failure to the parent
         errors.put((rank, traceback.format_exc()))
@@ -57,14 +55,10 @@ def _worker(rank: int, world: int, port: int, dist_backend: str, fn: Callable, a
 
 
 def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo", timeout: float = 600) -> None:
-    """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback.
-
-    The rendezvous store lives in this process, on a port the OS picks when it binds (a port
-    picked first and bound later by a worker could be taken in between).
-    """
+    """Run `fn(*args)` on `world_size` fresh processes; raise with each failing rank's traceback."""
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    store = rendezvous_store(world_size)
     procs = [
         ctx.Process(target=_worker, args=(r, world_size, store.port, dist_backend, fn, args, errors), daemon=False)
         for r in range(world_size)

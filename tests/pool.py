@@ -6,7 +6,6 @@ so the ranks stay up and receive `fn(*args)` tasks through queues.
 
 from __future__ import annotations
 
-import os
 import queue
 import traceback
 from collections.abc import Callable
@@ -15,12 +14,11 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from moe_backend.launch import free_port, init_process_group
+from moe_backend.launch import join_group, rendezvous_store
 
 
 def _serve(rank: int, world: int, port: int, dist_backend: str, tasks: Any, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    init_process_group(dist_backend, rank, world)
+    join_group(dist_backend, rank, world, port)
     while True:
         task = tasks.get()
         if task is None:
@@ -39,7 +37,8 @@ class RankPool:
         ctx = mp.get_context("spawn")
         self._tasks = [ctx.Queue() for _ in range(world)]
         self._results = ctx.Queue()
-        port = free_port()
+        self._store = rendezvous_store(world)  # held while the ranks live
+        port = self._store.port
         self._procs = [
             ctx.Process(target=_serve, args=(r, world, port, dist_backend, self._tasks[r], self._results), daemon=True)
             for r in range(world)
