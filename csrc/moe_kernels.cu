@@ -941,7 +941,15 @@ struct Ctx {
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
   at::Tensor comb_out, comb_ids, comb_ntok;
-
+  // Send stream (experimental, MOE_BACKEND_NVSHMEM_SEND_STREAM=1, overlap only): the send
+  // kernel also runs off the caller's stream, on `send_side` (fork event shared with the
+  // receive), so the caller's stream goes on at once (e.g. a matmul between dispatch_send and
+  // dispatch_recv) and dispatch_recv joins both (`send_join` too). Its inputs are held until
+  // then, like x. Not yet measured: off by default.
+  cudaStream_t send_side = nullptr;
+  cudaEvent_t send_join = nullptr;
+  bool send_pending = false;
+  at::Tensor keep_ids, keep_w, keep_n;
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -992,6 +1000,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
     CUDA_OK(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&cx->fork, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&cx->join, cudaEventDisableTiming));
+    const char* senv = std::getenv("MOE_BACKEND_NVSHMEM_SEND_STREAM");
+    if (cx->overlap && senv && senv[0] == '1') {
+      CUDA_OK(cudaStreamCreateWithFlags(&cx->send_side, cudaStreamNonBlocking));
+      CUDA_OK(cudaEventCreateWithFlags(&cx->send_join, cudaEventDisableTiming));
+    }
   }
   return reinterpret_cast<int64_t>(cx);
 }
@@ -1002,6 +1015,9 @@ void destroy_ctx(int64_t ctx) {
   cx->keep_x = at::Tensor();
   cx->keep_s = at::Tensor();
   cx->comb_out = cx->comb_ids = cx->comb_ntok = at::Tensor();
+  cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
+  if (cx->send_side) cudaStreamDestroy(cx->send_side);
+  if (cx->send_join) cudaEventDestroy(cx->send_join);
   if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
   if (cx->fork) cudaEventDestroy(cx->fork);
   if (cx->join) cudaEventDestroy(cx->join);
@@ -1060,6 +1076,15 @@ static int64_t dtype_code_of(at::ScalarType t) {
   }
 }
 
+// The caller's stream waits for a send kernel launched on the send stream; its inputs are
+// released (their later reuse is ordered after the kernel).
+static void join_send_side(Ctx& cx, cudaStream_t stream) {
+  if (!cx.send_pending) return;
+  CUDA_OK(cudaStreamWaitEvent(stream, cx.send_join, 0));
+  cx.send_pending = false;
+  cx.keep_ids = cx.keep_w = cx.keep_n = at::Tensor();
+}
+
 at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                          const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
                          int64_t ctx) {
@@ -1073,11 +1098,20 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
     cx.stashed = false;
     cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();
   }
+  join_send_side(cx, stream);
   cx.keep_x = x;
   cx.keep_s = scale ? *scale : at::Tensor();
   const int64_t code = dtype_code_of(x.scalar_type());
   const bool overlap = cx.overlap && code >= 0;
   if (overlap) CUDA_OK(cudaEventRecord(cx.fork, stream));
+  cudaStream_t send_stream = stream;
+  if (overlap && cx.send_side) {
+    send_stream = cx.send_side;
+    CUDA_OK(cudaStreamWaitEvent(send_stream, cx.fork, 0));
+    cx.keep_ids = ids;
+    cx.keep_w = w ? *w : at::Tensor();
+    cx.keep_n = ntok ? *ntok : at::Tensor();
+  }
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
   int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
@@ -1089,10 +1123,14 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   else
-    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
+  if (send_stream != stream) {
+    CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
+    cx.send_pending = true;
+  }
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
@@ -1109,6 +1147,7 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (cx.stashed) {
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
+    join_send_side(cx, stream);
     std::vector<at::Tensor> out = std::move(cx.stash);
     cx.stash.clear();
     cx.stashed = false;

@@ -22,6 +22,9 @@ capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) tur
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
+`MOE_BACKEND_NVSHMEM_SEND_STREAM=1` (experimental, not yet measured) also moves the dispatch
+send kernel off the caller's stream, so work between `dispatch_send` and `dispatch_recv` runs
+beside the whole dispatch.
 """
 
 from __future__ import annotations

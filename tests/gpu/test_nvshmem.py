@@ -54,6 +54,20 @@ def _contract_without_overlap(seed, count):
     _workers.contract_worker(seed, count, ("put", "nvlink"))
 
 
+def test_contract_suite_with_send_stream():
+    """The send kernel on its own stream (MOE_BACKEND_NVSHMEM_SEND_STREAM=1, experimental):
+    the same results, rounds on a shared arena and CUDA-graph replays included."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_with_send_stream, 2, SEED + 2, max(4, COUNT // 3), dist_backend="nccl", timeout=180)
+
+
+def _contract_with_send_stream(seed, count):
+    os.environ["MOE_BACKEND_NVSHMEM_SEND_STREAM"] = "1"  # read when an arena is created
+    _workers.contract_worker(seed, count, ("put", "nvlink"))
+    _workers.rounds_worker(seed, "nvlink", 10)
+    _workers.graph_worker(seed, "nvlink", 4)
+
+
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
