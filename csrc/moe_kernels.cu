@@ -39,8 +39,9 @@ struct Params {
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
-  unsigned long long* state;  // [0]=seq [1]=dispatch arrive [2]=dispatch grid flag [3]=combine arrive [4]=err
-                              // [5]=dispatch copy work counter (reset by the plan kernel every round)
+  unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=unused
+                              // [3]=combine-receive finish counter [4]=err [5]=dispatch copy work
+                              // counter (reset by the plan every round) [6]=round of the current combine
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
@@ -89,7 +90,7 @@ __device__ __forceinline__ unsigned long long gtimer() {
   return t;
 }
 
-// The round of the current combine: published by the dispatch plan's last block (state[6]),
+// The round of the current combine: published by the dispatch plan's block 0 (state[6]),
 // not derived from seq (state[0]), which the combine receive advances at its end: with the
 // receive running concurrently on a side stream, a late-starting combine-send block would
 // otherwise read the advanced seq and stamp its flag with the next round.
@@ -296,7 +297,6 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 template <bool NVL>
 __device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
-  unsigned long long* sig = sigp(p, p.sym, sig_table(p, p.group));
   for (int j = blockIdx.x; j < table_portions(p); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
@@ -312,12 +312,12 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
       write_table_portion(p, false, toff, stage, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       const long long b0 = j == 0 ? 0 : table_token_off(p, t0), b1 = table_token_off(p, t1);
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_table(p, p.group)));
       for (int r = 0; r < p.W; ++r) {
         if (b1 > b0)
-          nvshmemx_putmem_signal_nbi_block(p.sym + toff + b0, stage + b0, (size_t)(b1 - b0), reinterpret_cast<uint64_t*>(sig),
-                                           1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
+          nvshmemx_putmem_signal_nbi_block(p.sym + toff + b0, stage + b0, (size_t)(b1 - b0), sig, 1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
         else if (threadIdx.x == 0)
-          nvshmemx_signal_op(reinterpret_cast<uint64_t*>(sig), 1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
+          nvshmemx_signal_op(sig, 1, NVSHMEM_SIGNAL_ADD, p.pe[r]);
       }
     }
     // No barrier before the next portion: portions occupy disjoint bytes of the staging buffer.
@@ -948,8 +948,7 @@ struct Ctx {
   // then, like x. Not yet measured: off by default.
   cudaStream_t send_side = nullptr;
   cudaEvent_t send_join = nullptr;
-  bool send_pending = false;
-  at::Tensor keep_ids, keep_w, keep_n;
+  at::Tensor keep_ids, keep_w, keep_n;  // keep_ids defined = a send on send_side not yet joined
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -963,7 +962,6 @@ static Ctx& CX(int64_t ctx) {
   TORCH_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
   return *reinterpret_cast<Ctx*>(ctx);
 }
-static Params& P(int64_t ctx) { return CX(ctx).p; }
 
 int64_t create_ctx(std::vector<int64_t> c) {
   TORCH_CHECK(c.size() >= 36, "create_ctx: short config");
@@ -1079,9 +1077,8 @@ static int64_t dtype_code_of(at::ScalarType t) {
 // The caller's stream waits for a send kernel launched on the send stream; its inputs are
 // released (their later reuse is ordered after the kernel).
 static void join_send_side(Ctx& cx, cudaStream_t stream) {
-  if (!cx.send_pending) return;
+  if (!cx.keep_ids.defined()) return;
   CUDA_OK(cudaStreamWaitEvent(stream, cx.send_join, 0));
-  cx.send_pending = false;
   cx.keep_ids = cx.keep_w = cx.keep_n = at::Tensor();
 }
 
@@ -1127,10 +1124,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   else
     dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
-  if (send_stream != stream) {
-    CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
-    cx.send_pending = true;
-  }
+  if (send_stream != stream) CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from moe_backend.training.profiling import union_us
+
 
 def kernels(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
@@ -27,13 +29,7 @@ def kernels(path: Path) -> list[dict]:
 
 
 def busy_us(events: list[dict]) -> float:
-    total, end = 0.0, float("-inf")
-    for e in events:
-        s, f = e["ts"], e["ts"] + e["dur"]
-        if f > end:
-            total += f - max(s, end)
-            end = f
-    return total
+    return union_us((e["ts"], e["ts"] + e["dur"]) for e in events)
 
 
 def is_comm(name: str) -> bool:

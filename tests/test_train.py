@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from moe_backend.training import bench, timing
+from moe_backend.training.profiling import union_us
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,12 @@ def test_bad_config_exits_with_explanation(tmp_path: Path) -> None:
     run = _cli("train", "--config", "tiny", "--world-size", "3", timeout=120)
     assert run.returncode == 2
     assert "parallel.tp" in run.stderr or "parallel.ep: world_size=3 is not divisible" in run.stderr
+
+
+def test_union_us_counts_overlapping_intervals_once() -> None:
+    assert union_us([(5, 6), (0, 2), (1, 3)]) == 4  # unsorted, overlapping, disjoint
+    assert union_us([(1, 5), (2, 3)]) == 4  # nested
+    assert union_us([]) == 0
 
 
 def test_profile_device_only_needs_profile_dir() -> None:

@@ -11,6 +11,7 @@ attributed: to kernels that run longer, or to a GPU that waits for the host.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ class StepProfiler:
 
     def before(self, step: int) -> None:
         if self.out_dir and step == self.start:
-            acts = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                acts = acts[:0] if self.device_only else acts
-                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            cpu, cuda = torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA
+            if not torch.cuda.is_available():
+                acts = [cpu]
+            else:
+                acts = [cuda] if self.device_only else [cpu, cuda]
             self._prof = torch.profiler.profile(activities=acts)
             self._prof.__enter__()
             self._t0 = time.perf_counter()
@@ -52,24 +54,23 @@ class StepProfiler:
         prof.export_chrome_trace(str(Path(self.out_dir) / f"trace_rank{rank}.json"))
 
 
+def union_us(spans: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (a GPU's busy time from its kernels)."""
+    total, end = 0.0, float("-inf")
+    for s, f in sorted(spans):
+        if f > end:
+            total += f - max(s, end)
+            end = f
+    return total
+
+
 def _busy_us(prof: Any) -> float:
     """Length of the union of all device activity intervals (µs)."""
-    spans = sorted(
+    return union_us(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
         if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
     )
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return busy
 
 
 def summary(prof: Any, wall_s: float, steps: int) -> str:
