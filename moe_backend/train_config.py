@@ -59,6 +59,7 @@ class DispatcherOptionsConfig:
     transport: str = "auto"  # nvshmem: auto | put | nvlink
     timeout_s: float = 10.0  # nvshmem: bound of every device-side wait
     num_sms: int | None = None  # nvshmem: SMs the kernels size their grids for (None: all)
+    send_stream: bool = False  # nvshmem: dispatch send kernel on a stream of its own (split use)
 
 
 @dataclasses.dataclass

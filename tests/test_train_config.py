@@ -65,6 +65,7 @@ def _load(tmp_path: Path, edit: dict) -> TrainConfig:
         ({"dispatcher_options.transport": "ib"}, "dispatcher_options.transport: 'ib' is not one of"),
         ({"dispatcher_options.timeout_s": 0}, "dispatcher_options.timeout_s: must be > 0"),
         ({"dispatcher_options.num_sms": 0}, "dispatcher_options.num_sms: must be >= 1"),
+        ({"dispatcher_options.send_stream": "yes"}, "dispatcher_options.send_stream: expected bool"),
         ({"dispatcher_options.check_input": True}, "dispatcher_options.check_input: unknown key"),
     ],
 )
@@ -104,11 +105,11 @@ def test_dispatcher_options_reach_our_dispatcher(tmp_path: Path) -> None:
     from moe_backend.training.model import layer_spec
 
     cfg = _load(tmp_path, {"dispatcher_options.check_inputs": True, "dispatcher_options.transport": "put",
-                           "dispatcher_options.num_sms": 24})
+                           "dispatcher_options.num_sms": 24, "dispatcher_options.send_stream": True})
     spec = dispatchers.with_dispatcher(layer_spec(cfg), "nvshmem", cfg.dispatcher_options)
     opts = spec.submodules.mlp.keywords["options"]
     assert opts.backend == "nvshmem" and opts.check_inputs and not opts.combine_in_float32
-    assert dict(opts.backend_options) == {"transport": "put", "timeout_s": 10.0, "num_sms": 24}
+    assert dict(opts.backend_options) == {"transport": "put", "timeout_s": 10.0, "num_sms": 24, "send_stream": True}
     ref = dispatchers.with_dispatcher(layer_spec(cfg), "reference", cfg.dispatcher_options)
     assert ref.submodules.mlp.keywords["options"].backend_options == ()  # nvshmem-only options stay out
     assert dispatchers.with_dispatcher("unchanged", "alltoall", cfg.dispatcher_options) == "unchanged"

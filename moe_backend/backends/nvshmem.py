@@ -4,7 +4,8 @@ Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symme
 memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,
 default 10 s), `sync_check` (synchronise the stream after each receive and raise a timeout
 at once; for tests and debugging: it is a host sync), `num_sms` (SMs the kernels size their
-grids for, default every SM: fewer leaves the rest to concurrent compute).
+grids for, default every SM: fewer leaves the rest to concurrent compute), `send_stream`
+(see Overlap below).
 
 Errors: a timed-out wait records (phase, peer rank) in pinned host memory and the kernel
 exits. The backend checks that word, without any device sync, at the start of every op and
@@ -22,9 +23,10 @@ capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) tur
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
-`MOE_BACKEND_NVSHMEM_SEND_STREAM=1` (experimental, not yet measured) also moves the dispatch
-send kernel off the caller's stream, so work between `dispatch_send` and `dispatch_recv` runs
-beside the whole dispatch.
+Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
+work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
+after the send kernel. For split use with work in between; off by default because the extra
+stream hop costs ~1-2 us on a dispatch with nothing in between (docs/KERNELS.md, round 7).
 """
 
 from __future__ import annotations
@@ -60,10 +62,13 @@ class NvshmemBackend(Backend):
         timeout_s: float = 10.0,
         sync_check: bool = False,
         num_sms: int | None = None,
+        send_stream: bool = False,
     ):
         super().__init__(spec, group, device)
         if num_sms is not None and not (isinstance(num_sms, int) and num_sms >= 1):
             raise ValueError(f"num_sms must be a positive integer (SMs for the grids), got {num_sms!r}")
+        if not isinstance(send_stream, bool):
+            raise ValueError(f"send_stream must be True or False, got {send_stream!r}")
         if transport not in rt.TRANSPORTS:
             raise ValueError(f"transport must be one of {rt.TRANSPORTS}, got {transport!r}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -78,7 +83,7 @@ class NvshmemBackend(Backend):
             device = torch.device("cuda", torch.cuda.current_device())
             self.device = device
         self.sync_check = sync_check
-        self.arena = rt.acquire(spec, transport, float(timeout_s), group, device, num_sms)
+        self.arena = rt.acquire(spec, transport, float(timeout_s), group, device, num_sms, send_stream)
         self.transport = self.arena.transport
         self._in_code = rt.dtype_code(spec.in_dtype)
         self._fp8 = spec.in_dtype == FP8

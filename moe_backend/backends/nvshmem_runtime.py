@@ -211,7 +211,7 @@ class Arena:
     """Symmetric + local buffers and the kernels' context for one (spec, transport)."""
 
     def __init__(self, key, spec: CommSpec, transport: str, timeout_s: float, pes: list[int], rank: int,
-                 device: torch.device, sms: int):
+                 device: torch.device, sms: int, send_stream: bool = False):
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)
@@ -237,7 +237,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_slices(spec),
+            int(timeout_s * 1e9), combine_slices(spec), int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],
@@ -300,10 +300,11 @@ def nvlink_reachable(pes: list[int]) -> bool:
 
 
 def acquire(spec: CommSpec, transport: str, timeout_s: float, group: dist.ProcessGroup | None,
-            device: torch.device, num_sms: int | None = None) -> Arena:
+            device: torch.device, num_sms: int | None = None, send_stream: bool = False) -> Arena:
     """The shared arena for this key, allocating it (collectively) the first time.
 
-    num_sms: SMs the kernels size their grids for (None: every SM of the device).
+    num_sms: SMs the kernels size their grids for (None: every SM of the device);
+    send_stream: the dispatch send kernel runs on a stream of its own (overlap only).
     """
     with _lock:
         pes = ensure_initialised(group, device)
@@ -312,10 +313,10 @@ def acquire(spec: CommSpec, transport: str, timeout_s: float, group: dist.Proces
         sms = num_sms or _init["sms"]
         if transport == "auto":
             transport = "nvlink" if nvlink_reachable(pes) else "put"
-        key = (spec, transport, float(timeout_s), tuple(_global_ranks(group)), str(device), sms)
+        key = (spec, transport, float(timeout_s), tuple(_global_ranks(group)), str(device), sms, send_stream)
         arena = _ARENAS.get(key)
         if arena is None or arena.broken is not None:
-            arena = Arena(key, spec, transport, timeout_s, pes, dist.get_rank(group), device, sms)
+            arena = Arena(key, spec, transport, timeout_s, pes, dist.get_rank(group), device, sms, send_stream)
             _ARENAS[key] = arena
         arena.refs += 1
         return arena

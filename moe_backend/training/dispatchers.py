@@ -85,6 +85,8 @@ def option_overrides(name: str, opts: Any) -> dict[str, Any]:
         backend = {"transport": opts.transport, "timeout_s": opts.timeout_s}
         if opts.num_sms is not None:
             backend["num_sms"] = opts.num_sms
+        if opts.send_stream:
+            backend["send_stream"] = True
         out["backend_options"] = tuple(sorted(backend.items()))
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,11 +58,11 @@ def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
     return cases
 
 
-def contract_worker(seed: int, count: int, transports: tuple[str, ...]) -> None:
+def contract_worker(seed: int, count: int, transports: tuple[str, ...], **options: Any) -> None:
     rank = dist.get_rank()
     for transport in transports:
         for case in random_cases(seed, count):
-            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
+            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, **options)
             try:
                 run_case(comm, case)
                 if rank == 0 and case.spec.max_num_tokens >= 64:
@@ -76,10 +77,10 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...]) -> None:
         print(f"contract: {2 * len(transports) * len(random_cases(seed, count))} cases ok, seed={seed}", flush=True)
 
 
-def rounds_worker(seed: int, transport: str, rounds: int) -> None:
+def rounds_worker(seed: int, transport: str, rounds: int, **options: Any) -> None:
     spec = CommSpec(16, 4, 512, 40, 2, combine_in_float32=False)
-    a = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False)
-    b = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False)
+    a = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
+    b = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
     assert a.backend.arena is b.backend.arena, "communicators with one spec must share the arena"
     for i in range(rounds):
         comm = a if i % 3 else b
@@ -104,10 +105,10 @@ def rounds_worker(seed: int, transport: str, rounds: int) -> None:
     b.close()
 
 
-def graph_worker(seed: int, transport: str, replays: int) -> None:
+def graph_worker(seed: int, transport: str, replays: int, **options: Any) -> None:
     rank = dist.get_rank()
     spec = CommSpec(8, 3, 256, 32, 2, in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    comm = Communicator(spec, backend="nvshmem", transport=transport)
+    comm = Communicator(spec, backend="nvshmem", transport=transport, **options)
     dev, M, L = comm.device, spec.max_num_tokens, spec.num_local_experts
     x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)
     ids = torch.full((M, spec.topk), -1, dtype=torch.int32, device=dev)

@@ -55,17 +55,16 @@ def _contract_without_overlap(seed, count):
 
 
 def test_contract_suite_with_send_stream():
-    """The send kernel on its own stream (MOE_BACKEND_NVSHMEM_SEND_STREAM=1, experimental):
-    the same results, rounds on a shared arena and CUDA-graph replays included."""
+    """The send kernel on its own stream (backend option send_stream=True): the same results,
+    rounds on a shared arena and CUDA-graph replays included."""
     print(f"seed={SEED}")
     launch.spawn(_contract_with_send_stream, 2, SEED + 2, max(4, COUNT // 3), dist_backend="nccl", timeout=180)
 
 
 def _contract_with_send_stream(seed, count):
-    os.environ["MOE_BACKEND_NVSHMEM_SEND_STREAM"] = "1"  # read when an arena is created
-    _workers.contract_worker(seed, count, ("put", "nvlink"))
-    _workers.rounds_worker(seed, "nvlink", 10)
-    _workers.graph_worker(seed, "nvlink", 4)
+    _workers.contract_worker(seed, count, ("put", "nvlink"), send_stream=True)
+    _workers.rounds_worker(seed, "nvlink", 10, send_stream=True)
+    _workers.graph_worker(seed, "nvlink", 4, send_stream=True)
 
 
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
