@@ -37,11 +37,6 @@ struct Params {
   int nvl;
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
-  // Experiments (MOE_BACKEND_NVSHMEM_COPY_INTERLEAVE / _COMBINE_STREAM_LOADS, read per arena):
-  // the dispatch copy takes own and remote tokens in one (t, g) order, so an own row is read
-  // from x while the send's read of it may still be in L2; the combine send reads the expert
-  // rows with evict-first loads, so the partials it writes stay in L2 for the receive.
-  int copy_interleave, comb_stream_loads;
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=unused
@@ -595,10 +590,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     const long long i = (long long)__shfl_sync(0xffffffffu, next, 0);
     if (i >= total) break;
     int gg, tt;
-    if (p.copy_interleave) {
-      tt = (int)(i / G);
-      gg = (int)(i % G);
-    } else if (i < M) {
+    if (i < M) {
       gg = me;
       tt = (int)i;
     } else {
@@ -702,12 +694,12 @@ __device__ __forceinline__ void store_n(T* ptr, const float* f) {
   }
 }
 
-template <typename T, int N, bool CS = false>
+template <typename T, int N>
 __device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
   if constexpr (N * sizeof(T) % 16 == 0) {
 #pragma unroll
     for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b)
-      reinterpret_cast<int4*>(&v)[b] = CS ? __ldcs(reinterpret_cast<const int4*>(ptr) + b) : reinterpret_cast<const int4*>(ptr)[b];
+      reinterpret_cast<int4*>(&v)[b] = reinterpret_cast<const int4*>(ptr)[b];
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) v.v[i] = ptr[i];
@@ -717,7 +709,7 @@ __device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
 // acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
 // without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
 // chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
-template <typename T, int N, int C, int RB, bool CS = false>
+template <typename T, int N, int C, int RB>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
 #pragma unroll
@@ -730,7 +722,7 @@ __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, 
     for (int r = 0; r < RB; ++r)
 #pragma unroll
       for (int c = 0; c < C; ++c)
-        if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N, CS>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
+        if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
       if (j0 + r < nk) {
@@ -805,10 +797,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
       float acc[C][N];
-      if (p.comb_stream_loads)
-        sum_rows<TY, N, C, ROW_BATCH, true>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
-      else
-        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+      sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         const int hh = h + c * 32 * N;
@@ -998,10 +987,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
-  const char* ienv = std::getenv("MOE_BACKEND_NVSHMEM_COPY_INTERLEAVE");
-  p->copy_interleave = ienv && ienv[0] == '1';
-  const char* lenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_STREAM_LOADS");
-  p->comb_stream_loads = lenv && lenv[0] == '1';
   const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
