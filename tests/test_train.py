@@ -83,6 +83,58 @@ def test_train_bench_on_cpu_writes_table_json_png(tmp_path: Path) -> None:
         assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_train_bench_schedules_agree_on_cpu(tmp_path: Path) -> None:
+    """The interleaved schedule (the default) trains exactly what the sequential one does."""
+    curves = {}
+    for schedule in ("interleaved", "sequential"):
+        out = tmp_path / schedule
+        run = _cli("train-bench", "--config", "tiny", "--steps", "6", "--schedule", schedule, "--out", str(out))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        result = json.loads((out / "bench.json").read_text())
+        assert result["schedule"] == schedule
+        curves[schedule] = [s["loss"] for s in result["runs"]["reference"]["steps"]]
+    assert len(curves["interleaved"]) == 6 and curves["interleaved"] == curves["sequential"]
+
+
+class _FakeTrainer:
+    """Stands in for loop.RankTrainer: records the order of steps; "bad" fails at step 2."""
+
+    calls: list[tuple[str, int]] = []
+
+    def __init__(self, cfg, device, show=True):
+        self.name = cfg.dispatcher
+
+    def step(self, step: int) -> dict:
+        if self.name == "bad" and step == 1:
+            raise RuntimeError("boom")
+        _FakeTrainer.calls.append((self.name, step))
+        return {"time_s": 0.001, "loss": 1.0}
+
+    def finish(self, out_dir):
+        return {"dispatcher": self.name, "summary": {"median_step_ms": 1.0}, "steps": []}
+
+
+def test_interleaved_schedule_takes_turns_and_survives_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from moe_backend.train_config import load_train, resolve_train_config
+    from moe_backend.training import loop
+
+    monkeypatch.setattr(loop, "RankTrainer", _FakeTrainer)
+    monkeypatch.setattr(loop, "prepare_rank", lambda cfg: "cpu")
+    monkeypatch.setattr(loop, "model_parallel", lambda cfg: contextlib.nullcontext())
+    monkeypatch.setattr(bench.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(bench.report, "say", lambda text: None)
+    monkeypatch.setattr(bench.report, "summary_line", lambda result: "")
+    cfg = load_train(resolve_train_config("tiny"))
+    cfg.train.steps = 3
+    _FakeTrainer.calls = []
+    runs = bench._interleaved(cfg, ["a", "bad", "c"], "unused")
+    assert _FakeTrainer.calls == [("a", 0), ("bad", 0), ("c", 0), ("a", 1), ("c", 1), ("a", 2), ("c", 2)]
+    assert list(runs) == ["a", "bad", "c"]  # the requested order: the first is the loss baseline
+    assert "RuntimeError: boom" in runs["bad"]["error"] and runs["a"]["dispatcher"] == "a"
+
+
 def _run(losses: list[float]) -> dict:
     steps = [{"step": i + 1, "loss": v} for i, v in enumerate(losses)]
     summary = {"median_step_ms": 10.0, "median_tokens_per_s": 1e5, "median_dispatch_ms": 1.0,

@@ -1,4 +1,9 @@
-"""`moe-backend train-bench`: one model, one seed, each dispatcher in turn.
+"""`moe-backend train-bench`: one model, one seed, every dispatcher.
+
+`--schedule interleaved` (default) builds one model per dispatcher up front and steps them in
+turn (step 1 of each, then step 2 of each, ...), so host drift, which dominates small
+host-bound configs on a shared machine, lands on all of them alike; `sequential` runs each
+dispatcher's whole run in turn, one model alive at a time (less memory).
 
 Writes `table.txt`, `bench.json` and `bench.png` (step time per dispatcher; loss curves
 overlaid) into the output folder. Every dispatcher trains the same model on the same data
@@ -36,30 +41,85 @@ def candidates(requested: list[str] | None, on_gpu: bool) -> tuple[list[str], di
     return [n for n in names if n not in skipped], skipped
 
 
-def _bench_body(cfg: TrainConfig, names: list[str], skipped: dict[str, str], out: str, rtol: float) -> None:
+def _bench_body(cfg: TrainConfig, names: list[str], skipped: dict[str, str], out: str, rtol: float,
+                schedule: str = "interleaved") -> None:
     from .cli import quiet_megatron_warnings
-    from .loop import train_rank
 
     quiet_megatron_warnings()
+    run = _interleaved if schedule == "interleaved" else _sequential
+    runs = run(cfg, names, out)
+    if dist.get_rank() == 0:
+        finish(cfg, runs, skipped, Path(out), rtol, schedule)
+
+
+def _with_dispatcher(cfg: TrainConfig, name: str) -> TrainConfig:
+    one = copy.deepcopy(cfg)
+    one.dispatcher = name
+    return one
+
+
+def _failure(err: Exception) -> dict[str, Any]:
+    return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+
+
+def _sequential(cfg: TrainConfig, names: list[str], out: str) -> dict[str, Any]:
+    """Each dispatcher's whole run in turn (one model alive at a time)."""
+    from .loop import train_rank
+
     rank0 = dist.get_rank() == 0
     runs: dict[str, Any] = {}
     for name in names:
-        one = copy.deepcopy(cfg)
-        one.dispatcher = name
         if rank0:
             report.say(f"--- dispatcher {name} ---")
         try:
-            result = train_rank(one, str(Path(out) / name), progress=True)
+            result = train_rank(_with_dispatcher(cfg, name), str(Path(out) / name), progress=True)
             if rank0 and result is not None:
                 runs[name] = result
                 report.say(report.summary_line(result))
         except Exception as err:  # one broken dispatcher must not hide the others' results
             if rank0:
                 report.say(f"dispatcher {name} failed: {err}")
-            runs[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+            runs[name] = _failure(err)
         dist.barrier()
-    if rank0:
-        finish(cfg, runs, skipped, Path(out), rtol)
+    return runs
+
+
+def _interleaved(cfg: TrainConfig, names: list[str], out: str) -> dict[str, Any]:
+    """Every dispatcher's model built up front, then one step of each in turn, step after step:
+    a host whose speed drifts during the run slows every dispatcher alike."""
+    from .loop import RankTrainer, model_parallel, prepare_rank
+
+    rank0 = dist.get_rank() == 0
+    device = prepare_rank(cfg)
+    runs: dict[str, Any] = {}
+    with model_parallel(cfg):
+        trainers: dict[str, RankTrainer] = {}
+        for name in names:
+            try:
+                trainers[name] = RankTrainer(_with_dispatcher(cfg, name), device, show=False)
+            except Exception as err:  # one broken dispatcher must not hide the others' results
+                if rank0:
+                    report.say(f"dispatcher {name} failed to build: {err}")
+                runs[name] = _failure(err)
+        for step in range(cfg.train.steps):
+            times = []
+            for name, trainer in list(trainers.items()):
+                try:
+                    rec = trainer.step(step)
+                    times.append(f"{name} {rec['time_s'] * 1e3:.1f} ms (loss {rec['loss']:.4f})")
+                except Exception as err:
+                    if rank0:
+                        report.say(f"dispatcher {name} failed at step {step + 1}: {err}")
+                    runs[name] = _failure(err)
+                    del trainers[name]
+            if rank0:
+                report.say(f"step {step + 1}/{cfg.train.steps}: " + ", ".join(times))
+        for name, trainer in trainers.items():
+            result = trainer.finish(str(Path(out) / name))
+            if result is not None:
+                runs[name] = result
+                report.say(report.summary_line(result))
+    return {n: runs[n] for n in names if n in runs}  # the preferred order: the loss baseline first
 
 
 def compare_losses(runs: dict[str, Any], rtol: float) -> dict[str, dict[str, Any]]:
@@ -131,7 +191,8 @@ def plot(runs: dict[str, Any], path: Path, title: str) -> str | None:
     return None
 
 
-def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out: Path, rtol: float) -> None:
+def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out: Path, rtol: float,
+           schedule: str = "interleaved") -> None:
     out.mkdir(parents=True, exist_ok=True)
     agreement = compare_losses(runs, rtol)
     text = table(runs, agreement, skipped)
@@ -140,6 +201,7 @@ def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out:
     no_png = plot(runs, out / "bench.png", f"{cfg.name}: {cfg.parallel.world_size} ranks, ep {cfg.parallel.ep}")
     summary = {
         "config": cfg.name,
+        "schedule": schedule,
         "loss_rtol": rtol,
         "agreement": agreement,
         "skipped": skipped,
@@ -163,7 +225,7 @@ def cmd_train_bench(args: argparse.Namespace) -> int:
     if not names:
         report.say("no dispatcher can run here")
         return 2
-    run_distributed(_bench_body, cfg, names, skipped, args.out, args.loss_rtol)
+    run_distributed(_bench_body, cfg, names, skipped, args.out, args.loss_rtol, args.schedule)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only global rank 0 wrote the results
     result = json.loads((Path(args.out) / "bench.json").read_text())

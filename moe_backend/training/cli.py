@@ -114,4 +114,8 @@ def add_train_bench_parser(subparsers: Any) -> None:
     b.add_argument("--out", default="out/train_bench", help="folder for table.txt, bench.json, bench.png")
     b.add_argument("--loss-rtol", type=float, default=0.02,
                    help="loss curves must agree within this relative tolerance (default 2%%)")
+    b.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
+                   help="interleaved (default): every dispatcher's model built up front, one step of "
+                        "each in turn, so host drift lands on all alike; sequential: each whole run in "
+                        "turn, one model in memory at a time")
     b.set_defaults(fn=cmd_train_bench)
