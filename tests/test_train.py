@@ -153,6 +153,22 @@ def test_loss_agreement_flags_a_diverging_dispatcher() -> None:
     assert "DISAGREES" in text and "failed: ImportError" in text and "skipped: why not" in text
 
 
+def test_paired_steps_compare_the_baseline_step_by_step() -> None:
+    def run(ms: list[float], timed: int) -> dict:
+        return {"steps": [{"time_s": v / 1e3} for v in ms], "summary": {"timed_steps": timed}}
+
+    runs = {"ours": run([900, 10, 11, 12, 13], 4), "theirs": run([100, 12, 12, 15, 12], 4),
+            "broken": {"error": "RuntimeError: x"}}
+    paired = bench.paired_steps(runs)
+    assert list(paired) == ["theirs"]  # failed runs are left out; the warm-up step too
+    p = paired["theirs"]
+    assert p["steps"] == 4 and p["median_diff_ms"] == pytest.approx(-1.5) and p["baseline_faster_steps"] == 3
+    assert p["sign_test_p"] == pytest.approx(0.625)  # 3 of 4 untied pairs: 2 * 5/16
+    assert bench.sign_test_p(16, 19) == pytest.approx(2 * (1 + 19 + 171 + 969) / 2**19)
+    assert bench.sign_test_p(0, 0) == 1.0 and bench.sign_test_p(5, 10) == 1.0
+    assert "ours - theirs = -1.5 ms" in bench.paired_lines(paired)[0]
+
+
 def test_timer_sums_spans_per_kind() -> None:
     import torch
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
+import statistics
 import traceback
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,42 @@ def compare_losses(runs: dict[str, Any], rtol: float) -> dict[str, dict[str, Any
     return out
 
 
+def sign_test_p(wins: int, n: int) -> float:
+    """Two-sided sign-test p-value: `wins` of `n` untied pairs favour one side."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(0, min(wins, n - wins) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_steps(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The first successful dispatcher's step time against each other's, step by step over the
+    timed steps. Meaningful for the interleaved schedule, where step i of every dispatcher ran
+    back to back, so a per-step difference cancels the host's drift."""
+    ok = [n for n, r in runs.items() if "error" not in r]
+    if len(ok) < 2:
+        return {}
+
+    def timed_ms(name: str) -> list[float]:
+        r = runs[name]
+        return [s["time_s"] * 1e3 for s in r["steps"][-r["summary"]["timed_steps"]:]]
+
+    base = timed_ms(ok[0])
+    out = {}
+    for name in ok[1:]:
+        diff = [a - b for a, b in zip(base, timed_ms(name))]
+        faster, slower = sum(d < 0 for d in diff), sum(d > 0 for d in diff)
+        out[name] = {"baseline": ok[0], "steps": len(diff), "median_diff_ms": statistics.median(diff),
+                     "baseline_faster_steps": faster, "sign_test_p": sign_test_p(faster, faster + slower)}
+    return out
+
+
+def paired_lines(paired: dict[str, dict[str, Any]]) -> list[str]:
+    return [f"paired per step: {p['baseline']} - {name} = {p['median_diff_ms']:+.1f} ms (median); "
+            f"{p['baseline']} faster in {p['baseline_faster_steps']}/{p['steps']} steps "
+            f"(sign test p = {p['sign_test_p']:.3g})" for name, p in paired.items()]
+
+
 def table(runs: dict[str, Any], agreement: dict[str, Any], skipped: dict[str, str]) -> str:
     head = (f"{'dispatcher':<12}{'step ms':>10}{'tok/s':>12}{'dispatch ms':>13}{'combine ms':>12}"
             f"{'final loss':>12}  loss vs baseline")
@@ -195,7 +233,8 @@ def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out:
            schedule: str = "interleaved") -> None:
     out.mkdir(parents=True, exist_ok=True)
     agreement = compare_losses(runs, rtol)
-    text = table(runs, agreement, skipped)
+    paired = paired_steps(runs) if schedule == "interleaved" else {}
+    text = "\n".join([table(runs, agreement, skipped), *paired_lines(paired)])
     (out / "table.txt").write_text(text + "\n")
     report.say("\n" + text)
     no_png = plot(runs, out / "bench.png", f"{cfg.name}: {cfg.parallel.world_size} ranks, ep {cfg.parallel.ep}")
@@ -204,6 +243,7 @@ def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out:
         "schedule": schedule,
         "loss_rtol": rtol,
         "agreement": agreement,
+        "paired": paired,
         "skipped": skipped,
         "png": None if no_png else "bench.png",
         "png_missing_because": no_png,
