@@ -3,6 +3,8 @@
 # then the benchmarks. Logs and JSON go to the folder given as $1 (else $OUT, else
 # /tmp/moe_gpu_check). Run from anywhere; needs 2 GPUs for the tests to do anything.
 #   scripts/gpu_check.sh [OUT_DIR]
+# GPU_CHECK_WORLD=N (default 2): the multi-GPU tests and the benchmark on N ranks (EP4 / EP8 on
+# 4- / 8-GPU machines; the timeout and valid-rows tests stay on 2).
 set -uo pipefail
 out=${1:-${OUT:-/tmp/moe_gpu_check}}
 mkdir -p "$out"
@@ -28,11 +30,13 @@ echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
 [ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
 python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1
 # GPU_CHECK_TESTS: a pytest -k expression to run a subset (the full layer bench runs below).
+export MOE_TEST_WORLD=${GPU_CHECK_WORLD:-2}
 python3 -m pytest -m gpu tests/gpu -q -s -rA -k "${GPU_CHECK_TESTS:-not layer_bench}" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 # The benchmark of record: every preset, reference (NCCL), both nvshmem transports, and
 # nvlink with the kernels sized for 24 SMs (the budget other libraries give communication).
-python3 -m moe_backend.cli bench --all-presets --backend all --sms 24 --out "$out/bench.json" --plot "$out/bench.png" 2>&1 | tee "$out/bench.log"
+python3 -m moe_backend.cli bench --all-presets --backend all --sms 24 --world-size "$MOE_TEST_WORLD" \
+  --out "$out/bench.json" --plot "$out/bench.png" 2>&1 | tee "$out/bench.log"
 # The layer benchmark last, in whatever remains of the time budget (its JSON is rewritten
 # after every dispatcher, so a cut-short run still reports the dispatchers it finished).
 left=$(( ${GPU_CHECK_BUDGET_S:-300} - SECONDS ))

@@ -113,3 +113,17 @@ def test_dispatcher_options_reach_our_dispatcher(tmp_path: Path) -> None:
     ref = dispatchers.with_dispatcher(layer_spec(cfg), "reference", cfg.dispatcher_options)
     assert ref.submodules.mlp.keywords["options"].backend_options == ()  # nvshmem-only options stay out
     assert dispatchers.with_dispatcher("unchanged", "alltoall", cfg.dispatcher_options) == "unchanged"
+
+
+def test_ep_override_from_the_command_line() -> None:
+    """`--world-size 4 --ep 4` (how the GPU scripts ask for EP4 / EP8) reaches the config."""
+    import argparse
+
+    from moe_backend.training.cli import load_with_overrides
+
+    args = argparse.Namespace(config="tiny", steps=None, world_size=4, ep=4, dispatcher=None)
+    cfg = load_with_overrides(args)
+    assert cfg.parallel.world_size == 4 and cfg.parallel.ep == 4 and cfg.expert_dp == 1
+    args.ep = 3
+    with pytest.raises(ConfigError, match="parallel.ep"):
+        load_with_overrides(args)

@@ -33,6 +33,8 @@ def load_with_overrides(args: argparse.Namespace) -> TrainConfig:
         cfg.train.timing_warmup = min(cfg.train.timing_warmup, max(0, args.steps - 1))
     if args.world_size is not None:
         cfg.parallel.world_size = args.world_size
+    if args.ep is not None:
+        cfg.parallel.ep = args.ep
     if under_torchrun():
         cfg.parallel.world_size = int(os.environ["WORLD_SIZE"])
     try:
@@ -88,6 +90,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="tiny", help="name in configs/train or a YAML path (default: tiny)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--world-size", type=int, help="local processes to start (ignored under torchrun)")
+    p.add_argument("--ep", type=int, help="override parallel.ep (e.g. --world-size 8 --ep 8 for EP8)")
 
 
 def add_train_parser(subparsers: Any) -> None:

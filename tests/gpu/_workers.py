@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -26,11 +27,20 @@ DTYPES_IN = (torch.bfloat16, torch.float16, torch.float32, FP8)
 DTYPES_OUT = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def gpu_world() -> int:
+    """Ranks of the multi-GPU tests: MOE_TEST_WORLD (default 2; 4 or 8 on larger machines)."""
+    world = int(os.environ.get("MOE_TEST_WORLD", "2"))
+    if world < 2:
+        raise ValueError(f"MOE_TEST_WORLD must be >= 2 (tests/gpu/test_nvshmem_single.py covers 1), got {world}")
+    return world
+
+
 def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
     rng = random.Random(seed)
     cases = []
+    tps = [1, 1, 2] + ([4] if world % 4 == 0 else [])  # attention-TP replicas sharing a group
     for i in range(count):
-        tp = rng.choice([1, 1, 2])
+        tp = rng.choice(tps)
         L = rng.choice([1, 2, 3, 4, 8, 16])
         E = L * world
         topk = rng.randint(1, min(E, 8))
@@ -55,13 +65,15 @@ def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
     cases.append(Case(CommSpec(16, 4, 1024, 1100, world, tp_size=2, in_dtype=FP8, scale_block_size=128,
                                out_dtype=torch.float16, combine_in_float32=True), "skewed", seed * 1000 + 997, True,
                       "int"))
+    if world % 4 == 0:  # four replicas per group, at least once
+        cases.append(Case(CommSpec(8 * world, 4, 256, 40, world, tp_size=4), "uniform", seed * 1000 + 995, True, "int"))
     return cases
 
 
 def contract_worker(seed: int, count: int, transports: tuple[str, ...], **options: Any) -> None:
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     for transport in transports:
-        for case in random_cases(seed, count):
+        for case in random_cases(seed, count, world):
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, **options)
             try:
                 run_case(comm, case)
@@ -74,11 +86,12 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...], **option
             # The reference on NCCL, same case: both equal the oracle, hence each other.
             run_case(Communicator(case.spec, backend="reference"), case)
     if rank == 0:
-        print(f"contract: {2 * len(transports) * len(random_cases(seed, count))} cases ok, seed={seed}", flush=True)
+        print(f"contract: {2 * len(transports) * len(random_cases(seed, count, world))} cases ok on {world} ranks, "
+              f"seed={seed}", flush=True)
 
 
 def rounds_worker(seed: int, transport: str, rounds: int, **options: Any) -> None:
-    spec = CommSpec(16, 4, 512, 40, 2, combine_in_float32=False)
+    spec = CommSpec(16, 4, 512, 40, dist.get_world_size(), combine_in_float32=False)
     a = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
     b = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
     assert a.backend.arena is b.backend.arena, "communicators with one spec must share the arena"
@@ -107,7 +120,7 @@ def rounds_worker(seed: int, transport: str, rounds: int, **options: Any) -> Non
 
 def graph_worker(seed: int, transport: str, replays: int, **options: Any) -> None:
     rank = dist.get_rank()
-    spec = CommSpec(8, 3, 256, 32, 2, in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    spec = CommSpec(8, 3, 256, 32, dist.get_world_size(), in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend="nvshmem", transport=transport, **options)
     dev, M, L = comm.device, spec.max_num_tokens, spec.num_local_experts
     x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)

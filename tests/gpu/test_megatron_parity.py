@@ -1,22 +1,30 @@
-"""Our Megatron dispatcher vs Megatron's own alltoall dispatcher on 2 GPUs (NCCL).
+"""Our Megatron dispatcher vs Megatron's own alltoall dispatcher on W GPUs (NCCL; W =
+MOE_TEST_WORLD, default 2).
 
 Same MoELayer weights (stock TopKRouter, SequentialMLP experts, fp32), same input: outputs
-and every gradient (input, router, experts) must agree to float32 tolerance. Cases: EP2,
-and expert-TP2 with sequence parallelism. Backends: reference, and nvshmem when its
-extension loads; host and device `tokens_per_expert`.
+and every gradient (input, router, experts) must agree to float32 tolerance. Cases: EP over
+all W ranks, and TP2 (expert-TP2, sequence parallelism) with EP W/2. Backends: reference,
+and nvshmem when its extension loads; host and device `tokens_per_expert`.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import pytest
 import torch
 
 from moe_backend import launch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _workers  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-if torch.cuda.device_count() < 2:
-    pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
+WORLD = _workers.gpu_world()
+if torch.cuda.device_count() < WORLD:
+    pytest.skip(f"needs {WORLD} CUDA GPUs (MOE_TEST_WORLD)", allow_module_level=True)
 pytest.importorskip("megatron.core", reason="megatron-core is not importable")
 
 S, B, H, E, TOPK, FFN = 64, 2, 128, 8, 2, 256
@@ -96,6 +104,6 @@ def _worker(tp: int, ep: int) -> None:
             _parity(tp, ep, backend, host_counts)
 
 
-@pytest.mark.parametrize("tp,ep", [(1, 2), (2, 1)], ids=["ep2", "expert_tp2"])
+@pytest.mark.parametrize("tp,ep", [(1, WORLD), (2, WORLD // 2)], ids=[f"ep{WORLD}", f"expert_tp2_ep{WORLD // 2}"])
 def test_parity_with_megatron_alltoall(tp: int, ep: int) -> None:
-    launch.spawn(_worker, 2, tp, ep, dist_backend="nccl", timeout=300)
+    launch.spawn(_worker, WORLD, tp, ep, dist_backend="nccl", timeout=150 * WORLD)

@@ -1,6 +1,7 @@
 """The nvshmem backend on 2 GPUs: contract suite (both transports), buffer reuse, CUDA
-graphs, timeouts. Each test spawns 2 NCCL processes. Seeds are fresh per run (printed);
-set MOE_TEST_SEED to replay one."""
+graphs, timeouts. Each test spawns NCCL processes: MOE_TEST_WORLD of them (default 2; 4 or
+8 on larger machines) for the contract suite, rounds and graphs, 2 for the timeout and
+valid-rows tests. Seeds are fresh per run (printed); set MOE_TEST_SEED to replay one."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def _ext_missing() -> str | None:
     return None
 
 
-if torch.cuda.device_count() < 2:
-    pytest.skip("needs 2 CUDA GPUs", allow_module_level=True)
+WORLD = _workers.gpu_world()
+if torch.cuda.device_count() < WORLD:
+    pytest.skip(f"needs {WORLD} CUDA GPUs (MOE_TEST_WORLD)", allow_module_level=True)
 if _ext_missing():
     pytest.skip(f"moe_backend._C unavailable: {_ext_missing()}", allow_module_level=True)
 
@@ -38,14 +40,16 @@ COUNT = int(os.environ.get("MOE_TEST_CASES", "24"))
 
 def test_contract_suite_both_transports():
     print(f"seed={SEED}")
-    launch.spawn(_workers.contract_worker, 2, SEED, COUNT, ("put", "nvlink"), dist_backend="nccl", timeout=120)
+    launch.spawn(_workers.contract_worker, WORLD, SEED, COUNT, ("put", "nvlink"), dist_backend="nccl",
+                 timeout=60 * WORLD)
 
 
 def test_contract_suite_without_overlap():
     """The receives on the caller's stream after their sends (MOE_BACKEND_NVSHMEM_OVERLAP=0,
     MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0): the same results as the overlapped default."""
     print(f"seed={SEED}")
-    launch.spawn(_contract_without_overlap, 2, SEED + 1, max(4, COUNT // 3), dist_backend="nccl", timeout=120)
+    launch.spawn(_contract_without_overlap, WORLD, SEED + 1, max(4, COUNT // 3), dist_backend="nccl",
+                 timeout=60 * WORLD)
 
 
 def _contract_without_overlap(seed, count):
@@ -58,7 +62,8 @@ def test_contract_suite_with_send_stream():
     """The send kernel on its own stream (backend option send_stream=True): the same results,
     rounds on a shared arena and CUDA-graph replays included."""
     print(f"seed={SEED}")
-    launch.spawn(_contract_with_send_stream, 2, SEED + 2, max(4, COUNT // 3), dist_backend="nccl", timeout=180)
+    launch.spawn(_contract_with_send_stream, WORLD, SEED + 2, max(4, COUNT // 3), dist_backend="nccl",
+                 timeout=90 * WORLD)
 
 
 def _contract_with_send_stream(seed, count):
@@ -70,7 +75,7 @@ def _contract_with_send_stream(seed, count):
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
-    launch.spawn(_rounds_and_graph, 2, SEED, transport, dist_backend="nccl", timeout=60)
+    launch.spawn(_rounds_and_graph, WORLD, SEED, transport, dist_backend="nccl", timeout=30 * WORLD)
 
 
 def _rounds_and_graph(seed, transport):

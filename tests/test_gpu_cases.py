@@ -1,0 +1,32 @@
+"""The GPU suite's case generator (tests/gpu/_workers.py) at every rank count it serves:
+each case is a valid spec for that world, and the attention-TP sizes the issue names
+(1, 2 and 4 replicas per group) all occur. Runs on CPU: it builds specs, no kernels."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+import _workers  # noqa: E402
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_random_cases_fit_the_world(world: int) -> None:
+    cases = _workers.random_cases(seed=12345, count=24, world=world)
+    assert all(c.spec.world_size == world for c in cases)
+    assert all(c.spec.num_experts % (world // c.spec.tp_size) == 0 for c in cases)
+    tps = {c.spec.tp_size for c in cases}
+    assert tps == ({1, 2, 4} if world >= 4 else {1, 2}), tps
+
+
+def test_gpu_world_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MOE_TEST_WORLD", raising=False)
+    assert _workers.gpu_world() == 2
+    monkeypatch.setenv("MOE_TEST_WORLD", "8")
+    assert _workers.gpu_world() == 8
+    monkeypatch.setenv("MOE_TEST_WORLD", "1")
+    with pytest.raises(ValueError, match="MOE_TEST_WORLD must be >= 2"):
+        _workers.gpu_world()
