@@ -535,6 +535,8 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       offs[L] = incl;
       p.state[5] = 0;      // the copy kernel's work counter (it runs after this kernel, same stream)
       p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
+      p.state[2] = 0;      // the fused combine's send and receive work counters (its round
+      p.state[7] = 0;      // always follows this plan)
     }
   }
   __syncthreads();
@@ -758,9 +760,41 @@ constexpr int ROW_BATCH = 4;
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
 // 240 vs 208 us, docs/KERNELS.md.)
-template <bool NVL, typename TY, typename TX, int N>
+// The next work item of a warp: from a counter (dynamic; every item claimed is in progress,
+// so no warp ever waits for an item a not-yet-resident block holds) or grid-stride.
+template <bool COUNTER>
+__device__ __forceinline__ long long next_item(unsigned long long* counter, long long cur, long long stride,
+                                               int lane) {
+  if constexpr (COUNTER) {
+    unsigned long long v = 0;
+    if (lane == 0) v = atomicAdd(counter, 1ULL);
+    return (long long)__shfl_sync(0xffffffffu, v, 0);
+  } else {
+    return cur + stride;
+  }
+}
+
+// What the fused combine needs for its receive half (unused otherwise).
+template <typename TO>
+struct RecvArgs {
+  const int* ids;
+  const int* nptr;
+  int n_host, rows;
+  TO* out;
+};
+
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
+__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
+__device__ void combine_finish(const Params& p, unsigned long long round);
+
+// FUSED (experiment, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1, arenas past the combine-overlap
+// limit): the send items are taken from a counter (state[2]); a warp that finds none left
+// goes on to the receive items (counter state[7]), so the receive starts where the send
+// ends, in the same blocks, without a second launch; launched on the side stream like the
+// overlapped receive, so the caller's stream never waits in it.
+template <bool NVL, typename TY, typename TX, int N, bool FUSED>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
-                                                    const float* __restrict__ w) {
+                                                    const float* __restrict__ w, RecvArgs<TY> ra) {
   constexpr int C = chunks_per_step<TY, N>();
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
@@ -771,7 +805,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 
   const int S = p.comb_slices;
   const long long total = (long long)G * M * S;
-  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < total; i += (long long)gridDim.x * NWARPS) {
+  const long long stride = (long long)gridDim.x * NWARPS;
+  for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+       i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
@@ -830,34 +866,39 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
   }
+  if constexpr (FUSED) {
+    __shared__ const TX* sh_src[NWARPS][MAXW];
+    // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
+    // the send's register budget holds.
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
+    if (blockIdx.x == 0 && threadIdx.x < p.W)
+      wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
+    combine_finish(p, round);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
-// Combine receive: wait for every rank's barrier flag; one warp per own token sums the
-// partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
-// the output dtype; zeros elsewhere. The last block to finish advances the round counter.
-template <typename TX, typename TO, int N>
-__global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const int* __restrict__ ids,
-                                                                const int* __restrict__ nptr, int n_host, int rows,
-                                                                TO* __restrict__ out) {
+// Receive items of a combine: one warp per own token (and slice) sums the partials of the
+// ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
+// dtype; zeros for rows past n and tokens with no expert.
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
+__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps) {
   constexpr int C = chunks_per_step<TX, N>();
-  __shared__ const TX* sh_src[NWARPS][MAXW];
-  const unsigned long long round = combine_round(p);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (int)blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
-  int n = nptr ? *nptr : n_host;
-  n = n < 0 ? 0 : (n > rows ? rows : n);
-  if (blockIdx.x == 0 && threadIdx.x < p.W)
-    wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
-
+  const unsigned long long round = combine_round(p);
+  int n = ra.nptr ? *ra.nptr : ra.n_host;
+  n = n < 0 ? 0 : (n > ra.rows ? ra.rows : n);
   const int S = p.comb_slices;
-  const long long items = (long long)rows * S;
-  for (long long i = (long long)warp * gridDim.x + blockIdx.x; i < items; i += (long long)gridDim.x * nwarps) {
+  const long long items = (long long)ra.rows * S;
+  const long long stride = (long long)gridDim.x * nwarps;
+  for (long long i = COUNTER ? next_item<true>(&p.state[7], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+       i < items; i = next_item<COUNTER>(&p.state[7], i, stride, lane)) {
     const int t = (int)(i / S), sl = (int)(i % S);
     unsigned long long mask = 0;
     if (t < n) {
       for (int k = lane; k < topk; k += 32) {
-        int id = ids[(long long)t * topk + k];
+        int id = ra.ids[(long long)t * topk + k];
         if (id >= 0 && id < E) mask |= 1ULL << (id / L);
       }
     }
@@ -871,7 +912,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     }
     for (int r = lane; r < p.W; r += 32)
       if ((mask >> r) & 1)
-        sh_src[warp][__popcll(mask & ((1ULL << r) - 1))] =
+        sh_src[__popcll(mask & ((1ULL << r) - 1))] =
             reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes);
     __syncwarp();
     const int nr = __popcll(mask);
@@ -879,13 +920,17 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
       float acc[C][N];
-      sum_rows<TX, N, C, ROW_BATCH>(sh_src[warp], nullptr, nr, h, h1, acc);
+      sum_rows<TX, N, C, RB>(sh_src, nullptr, nr, h, h1, acc);
 #pragma unroll
       for (int c = 0; c < C; ++c)
-        if (h + c * 32 * N < h1) store_n<TO, N>(out + (long long)t * H + h + c * 32 * N, acc[c]);
+        if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     }
     __syncwarp();
   }
+}
+
+// The last block to finish a combine receive advances the round counter.
+__device__ void combine_finish(const Params& p, unsigned long long round) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -895,6 +940,20 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, const 
       __threadfence();
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine receive: wait for every rank's barrier flag; one warp per own token sums the
+// partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
+// the output dtype; zeros elsewhere. The last block to finish advances the round counter.
+template <typename TX, typename TO, int N>
+__global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+  __shared__ const TX* sh_src[NWARPS][MAXW];
+  const unsigned long long round = combine_round(p);
+  if (blockIdx.x == 0 && threadIdx.x < p.W)
+    wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
+  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  combine_finish(p, round);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -940,7 +999,11 @@ struct Ctx {
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  at::Tensor comb_out, comb_ids, comb_ntok;
+  // Fused combine (experiment, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1, arenas past the overlap
+  // limit): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
+  // are held too, since the side stream reads them after combine_send has returned.
+  bool comb_fused = false;
+  at::Tensor comb_out, comb_ids, comb_ntok, comb_y, comb_w;
   // Send stream (backend option send_stream, overlap only): the send kernel also runs off the
   // caller's stream, on `send_side` (fork event shared with the receive), so the caller's
   // stream goes on at once (e.g. a matmul between dispatch_send and dispatch_recv) and
@@ -991,7 +1054,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
-  if (cx->overlap || cx->comb_overlap) {
+  const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
+  cx->comb_fused = fenv && fenv[0] == '1' && !cx->comb_overlap;
+  if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
@@ -1011,7 +1076,7 @@ void destroy_ctx(int64_t ctx) {
   cx->stash.clear();
   cx->keep_x = at::Tensor();
   cx->keep_s = at::Tensor();
-  cx->comb_out = cx->comb_ids = cx->comb_ntok = at::Tensor();
+  cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
   cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
   if (cx->send_side) cudaStreamDestroy(cx->send_side);
   if (cx->send_join) cudaEventDestroy(cx->send_join);
@@ -1092,7 +1157,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
     cx.stash.clear();
     cx.stashed = false;
-    cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();
+    cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();
   }
   join_send_side(cx, stream);
   cx.keep_x = x;
@@ -1168,24 +1233,41 @@ static int ready_kernel(K kernel, int threads) {
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
 }
 
-// Launches the combine send; returns the registers one of its blocks takes.
+// The receive half of a fused combine (its output is of the send's y dtype).
+struct RecvSpec {
+  const int* ids;
+  const int* nptr;
+  int n_host, rows;
+  void* out;
+};
+
+// Launches the combine send (fused with the receive when `rs` is given); returns the
+// registers one of its blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
-static int launch_combine_send_n(const Params& p, const void* y, const float* w, cudaStream_t s) {
+static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
-  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N>, NTHREADS);
-  combine_send_kernel<NVL, TY, TX, N><<<blocks, NTHREADS, 0, s>>>(p, reinterpret_cast<const TY*>(y), w);
+  const TY* yp = reinterpret_cast<const TY*>(y);
+  if (rs) {
+    static const int fused_regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, true>, NTHREADS);
+    const RecvArgs<TY> ra{rs->ids, rs->nptr, rs->n_host, rs->rows, reinterpret_cast<TY*>(rs->out)};
+    combine_send_kernel<NVL, TY, TX, N, true><<<blocks, NTHREADS, 0, s>>>(p, yp, w, ra);
+    return fused_regs;
+  }
+  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, false>, NTHREADS);
+  combine_send_kernel<NVL, TY, TX, N, false><<<blocks, NTHREADS, 0, s>>>(p, yp, w, RecvArgs<TY>{});
   return regs;
 }
 
 template <bool NVL, typename TY, typename TX>
-static int launch_combine_send(const Params& p, const void* y, const float* w, cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, s) : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, s);
+static int launch_combine_send(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, rs, s)
+                      : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, rs, s);
 }
 
 template <bool NVL, typename TY>
-static int launch_combine_send_x(const Params& p, const void* y, const float* w, cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, s);
-  return launch_combine_send<NVL, TY, TY>(p, y, w, s);
+static int launch_combine_send_x(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, rs, s);
+  return launch_combine_send<NVL, TY, TY>(p, y, w, rs, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -1203,11 +1285,11 @@ static bool launch_combine_recv(const Params& p, const int* ids, const int* nptr
   if (p.H % 8 == 0) {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, RecvArgs<TO>{ids, nptr, n_host, rows, reinterpret_cast<TO*>(out)});
   } else {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, ids, nptr, n_host, rows, reinterpret_cast<TO*>(out));
+    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, RecvArgs<TO>{ids, nptr, n_host, rows, reinterpret_cast<TO*>(out)});
   }
   return true;
 }
@@ -1236,7 +1318,8 @@ static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, cons
 }
 
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
-// receive, concurrently on the side stream (see Ctx); combine_recv then only joins.
+// receive, concurrently on the side stream (see Ctx); combine_recv then only joins. With the
+// fused experiment on, one kernel does both halves on the side stream.
 at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {
@@ -1244,20 +1327,41 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(y.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
-  const bool overlap = cx.comb_overlap && ids.has_value() && out.has_value();
-  if (overlap) CUDA_OK(cudaEventRecord(cx.fork, s));
+  const bool has_recv = ids.has_value() && out.has_value();
+  const bool fused = cx.comb_fused && has_recv;
+  const bool overlap = cx.comb_overlap && has_recv;
+  if (overlap || fused) CUDA_OK(cudaEventRecord(cx.fork, s));
   const float* wp = w ? w->data_ptr<float>() : nullptr;
   const void* yp = y.data_ptr();
+  cudaStream_t ks = s;
+  RecvSpec spec{};
+  const RecvSpec* rs = nullptr;
+  if (fused) {
+    CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
+    ks = cx.side;
+    spec = RecvSpec{ids->data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out->size(0),
+                    out->data_ptr()};
+    rs = &spec;
+  }
   int send_regs = 0;
-#define CS(NVL)                                                                             \
-  switch (p.out_code) {                                                                     \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, s); break;     \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, s); break;            \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, s); break;       \
+#define CS(NVL)                                                                               \
+  switch (p.out_code) {                                                                       \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, rs, ks); break;  \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, rs, ks); break;         \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, rs, ks); break;    \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS
   CUDA_OK(cudaGetLastError());
+  if (fused) {
+    CUDA_OK(cudaEventRecord(cx.join, cx.side));
+    cx.comb_out = *out;
+    cx.comb_ids = *ids;
+    cx.comb_ntok = ntok ? *ntok : at::Tensor();
+    cx.comb_y = y;
+    cx.comb_w = w ? *w : at::Tensor();
+    return at::empty({0}, y.options().dtype(at::kInt));
+  }
   if (overlap) {
     at::Tensor o = *out;
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
@@ -1280,7 +1384,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
     TORCH_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
                 "combine_recv: `out` is not the tensor given to combine_send");
     CUDA_OK(cudaStreamWaitEvent(s, cx.join, 0));
-    cx.comb_out = cx.comb_ids = cx.comb_ntok = at::Tensor();  // joined: their reuse is ordered after the kernel
+    cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();  // joined: reuse is ordered after
     return;
   }
   launch_combine_recv_any(cx.p, ids, ntok, n_host, out, 0, s);

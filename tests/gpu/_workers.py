@@ -90,8 +90,8 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...], **option
               f"seed={seed}", flush=True)
 
 
-def rounds_worker(seed: int, transport: str, rounds: int, **options: Any) -> None:
-    spec = CommSpec(16, 4, 512, 40, dist.get_world_size(), combine_in_float32=False)
+def rounds_worker(seed: int, transport: str, rounds: int, tokens: int = 40, **options: Any) -> None:
+    spec = CommSpec(16, 4, 512, tokens, dist.get_world_size(), combine_in_float32=False)
     a = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
     b = Communicator(spec, backend="nvshmem", transport=transport, sync_check=False, **options)
     assert a.backend.arena is b.backend.arena, "communicators with one spec must share the arena"
@@ -118,9 +118,9 @@ def rounds_worker(seed: int, transport: str, rounds: int, **options: Any) -> Non
     b.close()
 
 
-def graph_worker(seed: int, transport: str, replays: int, **options: Any) -> None:
+def graph_worker(seed: int, transport: str, replays: int, tokens: int = 32, **options: Any) -> None:
     rank = dist.get_rank()
-    spec = CommSpec(8, 3, 256, 32, dist.get_world_size(), in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    spec = CommSpec(8, 3, 256, tokens, dist.get_world_size(), in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend="nvshmem", transport=transport, **options)
     dev, M, L = comm.device, spec.max_num_tokens, spec.num_local_experts
     x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)

@@ -72,6 +72,23 @@ def _contract_with_send_stream(seed, count):
     _workers.graph_worker(seed, "nvlink", 4, send_stream=True)
 
 
+def test_contract_suite_with_fused_combine():
+    """The fused combine (MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1, experiment: send and receive in
+    one kernel on the side stream, for arenas past the combine-overlap limit): the same
+    results; rounds and CUDA-graph replays at a size that takes the fused path."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_with_fused_combine, WORLD, SEED + 3, max(4, COUNT // 3), dist_backend="nccl",
+                 timeout=90 * WORLD)
+
+
+def _contract_with_fused_combine(seed, count):
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_FUSED"] = "1"  # read when an arena is created
+    _workers.contract_worker(seed, count, ("put", "nvlink"))
+    for transport in ("put", "nvlink"):
+        _workers.rounds_worker(seed, transport, 10, tokens=1100)  # G*M > 1024: past the overlap limit
+        _workers.graph_worker(seed, transport, 4, tokens=1100)
+
+
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
