@@ -1435,6 +1435,54 @@ int64_t num_sms(int64_t device) {
   return v;
 }
 
+// Latency floor of a GPU-initiated exchange (benchmark only, moe_backend/latency_floor.py):
+// each rank stores `round` into its slot at every peer (NVLink store, release) and waits for
+// every peer's store (acquire): in one launch, or a store launch then a wait launch on the
+// same stream, the fewest any split dispatch can have. A wait past timeout_ns sets err[0].
+struct PingPeers {
+  unsigned long long* p[MAXW];
+};
+__global__ void ping_kernel(unsigned long long* flags, PingPeers peers, int W, int rank, unsigned long long round,
+                            bool store, bool wait, long long timeout_ns, int* err) {
+  const int r = threadIdx.x;
+  if (r >= W || r == rank) return;
+  if (store) st_release_sys(peers.p[r] + rank, round);
+  if (wait) {
+    const unsigned long long t0 = gtimer();
+    while (ld_acquire_sys(flags + r) < round) {
+      if ((long long)(gtimer() - t0) > timeout_ns) {
+        atomicExch(err, 1);
+        return;
+      }
+    }
+  }
+}
+
+void ping(at::Tensor err, int64_t flags, std::vector<int64_t> peers, int64_t rank, int64_t round, int64_t launches,
+          int64_t timeout_ns) {
+  TORCH_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, "ping: 1..", MAXW, " peers, got ", peers.size());
+  TORCH_CHECK(launches == 1 || launches == 2, "ping: launches must be 1 or 2, got ", launches);
+  TORCH_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1, "ping: err must be a CUDA int32 tensor");
+  c10::cuda::CUDAGuard guard(err.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  PingPeers pp{};
+  for (size_t r = 0; r < peers.size(); ++r) {
+    TORCH_CHECK(peers[r] != 0, "ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)");
+    pp.p[r] = reinterpret_cast<unsigned long long*>(peers[r]);
+  }
+  auto* f = reinterpret_cast<unsigned long long*>(flags);
+  const int W = (int)peers.size();
+  int* e = err.data_ptr<int>();
+  const auto rd = (unsigned long long)round;
+  if (launches == 1) {
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, true, true, timeout_ns, e);
+  } else {
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, true, false, timeout_ns, e);
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, false, true, timeout_ns, e);
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
 }  // namespace moe
 
 TORCH_LIBRARY(moe_backend, m) {
@@ -1457,6 +1505,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("peer_ptr(int ptr, int pe) -> int", moe::peer_ptr);
   m.def("barrier_all() -> ()", moe::barrier_all);
   m.def("num_sms(int device) -> int", moe::num_sms);
+  m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
@@ -1464,6 +1513,7 @@ TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("dispatch_recv", moe::dispatch_recv);
   m.impl("combine_send", moe::combine_send);
   m.impl("combine_recv", moe::combine_recv);
+  m.impl("ping", moe::ping);
 }
 
 // A bare Python module: importing it runs the registrations above.

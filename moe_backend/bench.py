@@ -390,6 +390,10 @@ def format_table(report: dict[str, Any]) -> str:
                          f"matmul x{o['matmul_reps']} {o['matmul_us']:.1f} us, send+matmul+recv "
                          f"{o['overlapped_us']:.1f} us = {o['ratio']:.2f}x the longer alone"
                          + (" (send stream)" if o.get("send_stream") else ""))
+    floor = report.get("latency_floor_us")
+    if floor:
+        lines.append("latency floor (NVLink store + wait, every peer): "
+                     + ", ".join(f"{k.replace('_', ' ')} {v['median']:.1f} us" for k, v in floor.items()))
     lines.append("(median us per phase, slowest rank; 'dispatch'/'combine' = send + recv)")
     return "\n".join(lines)
 

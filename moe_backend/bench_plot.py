@@ -1,7 +1,8 @@
 """PNG of a `moe-backend bench` run: latency against tokens per rank, per backend.
 
 One row of panels per preset (dispatch, combine), log-log, with the floor set by the
-GPU-to-GPU copy rate: the bytes that must cross, over that rate.
+GPU-to-GPU copy rate (the bytes that must cross, over that rate) and, when measured, the
+latency floor of a two-launch exchange (moe_backend/latency_floor.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def plot_latency(reports: list[dict[str, Any]], path: str | Path) -> str | None:
             if rate and moved:
                 ax.plot([n for n, _ in moved], [b / (rate * 1e3) for _, b in moved], "k--",
                         label=f"copy-rate floor ({rate:.0f} GB/s)")
+            floor = (report.get("latency_floor_us") or {}).get("2_launches")
+            if floor:  # a split op's fewest launches: no op of a few tokens gets below it
+                ax.axhline(floor["median"], color="grey", linestyle=":",
+                           label=f"latency floor, 2 launches ({floor['median']:.1f} us)")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("tokens per rank")

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import bench as benchmod
+from . import latency_floor
 from .backends import nvshmem_available
 from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import init_process_group, spawn, under_torchrun
@@ -86,8 +87,10 @@ def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot:
                 sms: list[int] | None) -> None:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
+    floor = latency_floor.measure(benchmod.bench_device()) if backend in ("all", "nvshmem", "auto") else None
     for preset in presets:
         report = benchmod.run(preset, backend, say, copy_rate, sms or ())
+        report["latency_floor_us"] = floor
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))

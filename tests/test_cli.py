@@ -87,3 +87,19 @@ def test_bench_rows_with_fewer_sms(monkeypatch) -> None:
                                     "nvshmem-nvlink-24sm", "nvshmem-nvlink-48sm"]
     assert rows[3][2] == {"transport": "nvlink", "num_sms": 24}
     assert [r[0] for r in bench.backends_to_run("reference", torch.device("cuda", 0), [24])] == ["reference"]
+
+
+def test_table_and_plot_show_the_latency_floor(tmp_path) -> None:
+    from moe_backend import bench
+    from moe_backend.bench_plot import plot_latency
+
+    phases = {op: {"p10": 20.0, "median": 22.0, "p90": 25.0} for op in ("dispatch", "combine")}
+    report = {"preset": "p", "spec": "s", "copy_rate_gbps": None, "rows": [
+        {"backend": "nvshmem", "num_tokens": n, "phases": phases} for n in (1, 8)],
+        "latency_floor_us": {"1_launch": {"p10": 5.0, "median": 6.0, "p90": 7.0},
+                             "2_launches": {"p10": 9.0, "median": 10.5, "p90": 12.0}}}
+    text = bench.format_table(report)
+    assert "latency floor (NVLink store + wait, every peer): 1 launch 6.0 us, 2 launches 10.5 us" in text
+    png = tmp_path / "p.png"
+    why = plot_latency([report], png)
+    assert why is not None or png.read_bytes()[:4] == b"\x89PNG"

@@ -89,6 +89,21 @@ def _contract_with_fused_combine(seed, count):
         _workers.graph_worker(seed, transport, 4, tokens=1100)
 
 
+def test_latency_floor_probe_runs():
+    """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
+    completion on every rank (no wait times out) and report positive times."""
+    launch.spawn(_latency_floor, WORLD, dist_backend="nccl", timeout=30 * WORLD)
+
+
+def _latency_floor():
+    from moe_backend import latency_floor
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    floor = latency_floor.measure(device, iters=20, warmup=3)
+    assert floor is not None and set(floor) == set(latency_floor.VARIANTS), floor
+    assert all(0 < v["p10"] <= v["median"] <= v["p90"] for v in floor.values()), floor
+
+
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
