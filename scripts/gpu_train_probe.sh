@@ -32,14 +32,14 @@ launch() {  # variant, run name, extra train arguments...
   env "${env[@]}" "$PYTHON" -m moe_backend.cli train --config "$config" --steps "$steps" --dispatcher "$dispatcher" \
     --out "$work/$name" --quiet "$@" > "$work/$name.log" 2>&1
   local rc=$?
-  "$PYTHON" - "$work/$name/train_log.csv" "$name" "$rc" >> "$out/probe.txt" <<'PY'
-import csv, statistics, sys
+  # The run's own summary: the median over its timed steps (after train.timing_warmup).
+  "$PYTHON" - "$work/$name/train_log.json" "$name" "$rc" >> "$out/probe.txt" <<'PY'
+import json, sys
 path, name, rc = sys.argv[1:]
 try:
-    rows = list(csv.DictReader(open(path)))
-    ms = [float(r["time_s"]) * 1e3 for r in rows[5:]]
-    print(f"{name:<34} rc={rc} median step {statistics.median(ms):8.1f} ms over {len(ms)} steps")
-except (OSError, ValueError, statistics.StatisticsError) as err:
+    s = json.load(open(path))["summary"]
+    print(f"{name:<34} rc={rc} median step {s['median_step_ms']:8.1f} ms over {s['timed_steps']} steps")
+except (OSError, KeyError, ValueError) as err:
     print(f"{name:<34} rc={rc} no step times ({err})")
 PY
 }

@@ -44,7 +44,7 @@ def candidates(requested: list[str] | None, on_gpu: bool) -> tuple[list[str], di
 
 
 def _bench_body(cfg: TrainConfig, names: list[str], skipped: dict[str, str], out: str, rtol: float,
-                schedule: str = "interleaved") -> None:
+                schedule: str) -> None:
     from .cli import quiet_megatron_warnings
 
     quiet_megatron_warnings()
@@ -230,7 +230,7 @@ def plot(runs: dict[str, Any], path: Path, title: str) -> str | None:
 
 
 def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out: Path, rtol: float,
-           schedule: str = "interleaved") -> None:
+           schedule: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     agreement = compare_losses(runs, rtol)
     paired = paired_steps(runs) if schedule == "interleaved" else {}
