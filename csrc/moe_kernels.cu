@@ -34,14 +34,17 @@ struct Params {
   int row_bytes, scale_bytes, slot_bytes, table_bytes, part_bytes;
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
+  int send_blocks, copy_blocks;  // host-side grid sizes (A/B experiment knobs, see create_ctx)
+  int poll_mode;  // flag polling (A/B experiment, see wait_flag)
   int nvl;
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
-  unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=unused
-                              // [3]=combine-receive finish counter [4]=err [5]=dispatch copy work
-                              // counter (reset by the plan every round) [6]=round of the current combine
+  unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
+                              // send work counter [3]=combine-receive finish counter [4]=err
+                              // [5]=dispatch copy work counter [6]=round of the current combine
+                              // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
@@ -71,6 +74,11 @@ __device__ __forceinline__ void slice_range(int H, int S, int s, int step, int& 
 __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* ptr) {
   unsigned long long v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_sys(const unsigned long long* ptr) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
 }
 __device__ __forceinline__ void st_release_sys(unsigned long long* ptr, unsigned long long v) {
@@ -122,8 +130,20 @@ __device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsig
   if (ld_acquire_sys(flag) >= need) return true;
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+  unsigned sleep_ns = 32;
   for (unsigned i = 1;; ++i) {
-    if (ld_acquire_sys(flag) >= need) return true;
+    // poll_mode (A/B experiment, MOE_BACKEND_NVSHMEM_POLL): 0 = acquire loads; 1 = relaxed
+    // loads, one acquire load once the flag is seen (no L1 invalidation per poll); 2 = 1 plus
+    // an exponential __nanosleep back-off (32..512 ns) that thins the L2 traffic of thousands
+    // of polling warps.
+    if (p.poll_mode == 0) {
+      if (ld_acquire_sys(flag) >= need) return true;
+    } else if (ld_relaxed_sys(flag) >= need) {
+      if (ld_acquire_sys(flag) >= need) return true;
+    } else if (p.poll_mode == 2) {
+      __nanosleep(sleep_ns);
+      sleep_ns = sleep_ns < 512 ? 2 * sleep_ns : 512;
+    }
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;
       if (gtimer() > deadline) {
@@ -787,8 +807,8 @@ template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
-// FUSED (experiment, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1, arenas past the combine-overlap
-// limit): the send items are taken from a counter (state[2]); a warp that finds none left
+// FUSED (the default for arenas past the combine-overlap limit; MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0
+// turns it off): the send items are taken from a counter (state[2]); a warp that finds none left
 // goes on to the receive items (counter state[7]), so the receive starts where the send
 // ends, in the same blocks, without a second launch; launched on the side stream like the
 // overlapped receive, so the caller's stream never waits in it.
@@ -999,8 +1019,8 @@ struct Ctx {
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  // Fused combine (experiment, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1, arenas past the overlap
-  // limit): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
+  // Fused combine (default for arenas past the overlap limit; MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0
+  // turns it off): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
   // are held too, since the side stream reads them after combine_send has returned.
   bool comb_fused = false;
   at::Tensor comb_out, comb_ids, comb_ntok, comb_y, comb_w;
@@ -1055,7 +1075,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
   const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
-  cx->comb_fused = fenv && fenv[0] == '1' && !cx->comb_overlap;
+  cx->comb_fused = !(fenv && fenv[0] == '0') && !cx->comb_overlap;
+  // Experiment knobs (A/B): send blocks per SM and copy blocks of the dispatch.
+  const char* sb = std::getenv("MOE_BACKEND_NVSHMEM_SEND_BLOCKS_PER_SM");
+  p->send_blocks = (sb && std::atoi(sb) > 0 ? std::atoi(sb) : SEND_BLOCKS_PER_SM) * p->num_sms;
+  const char* pm = std::getenv("MOE_BACKEND_NVSHMEM_POLL");
+  p->poll_mode = pm ? std::max(0, std::min(2, std::atoi(pm))) : 0;
+  const char* cb = std::getenv("MOE_BACKEND_NVSHMEM_COPY_BLOCKS");
+  p->copy_blocks = cb && std::atoi(cb) > 0 ? std::atoi(cb) : p->num_sms;
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1119,7 +1146,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
   const long long toks = (long long)p.G * p.M;
-  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
+  int cblocks = (int)std::max(1LL, std::min<long long>(p.copy_blocks, (toks + NWARPS - 1) / NWARPS));
   dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
       reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
@@ -1175,7 +1202,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   }
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
+  int blocks = std::max(1, std::min(p.send_blocks, per_replica));
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const int* ip = ids.data_ptr<int>();
   const float* wp = w ? w->data_ptr<float>() : nullptr;
@@ -1319,7 +1346,7 @@ static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, cons
 
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
 // receive, concurrently on the side stream (see Ctx); combine_recv then only joins. With the
-// fused experiment on, one kernel does both halves on the side stream.
+// fused combine (default past the overlap limit), one kernel does both halves on the side stream.
 at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {

@@ -57,6 +57,7 @@ def one_rank_cases(seed: int, count: int = 16) -> list[Case]:
 def _one_rank_worker(seed: int, overlap: str) -> None:
     os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = overlap  # read when an arena is created
     os.environ["MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP"] = overlap
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_FUSED"] = overlap
     for transport in ("put", "nvlink"):
         for case in one_rank_cases(seed):
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
