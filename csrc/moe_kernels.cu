@@ -34,9 +34,6 @@ struct Params {
   int row_bytes, scale_bytes, slot_bytes, table_bytes, part_bytes;
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
-  int send_blocks, copy_blocks;  // host-side grid sizes (A/B experiment knobs, see create_ctx)
-  int poll_mode;  // flag polling (A/B experiment, see wait_flag)
-  int tma_send;   // nvlink dispatch send by bulk (TMA) copies (A/B experiment; set per launch)
   int nvl;
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
@@ -75,11 +72,6 @@ __device__ __forceinline__ void slice_range(int H, int S, int s, int step, int& 
 __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long long* ptr) {
   unsigned long long v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned long long ld_relaxed_sys(const unsigned long long* ptr) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
 }
 __device__ __forceinline__ void st_release_sys(unsigned long long* ptr, unsigned long long v) {
@@ -131,20 +123,8 @@ __device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsig
   if (ld_acquire_sys(flag) >= need) return true;
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-  unsigned sleep_ns = 32;
   for (unsigned i = 1;; ++i) {
-    // poll_mode (A/B experiment, MOE_BACKEND_NVSHMEM_POLL): 0 = acquire loads; 1 = relaxed
-    // loads, one acquire load once the flag is seen (no L1 invalidation per poll); 2 = 1 plus
-    // an exponential __nanosleep back-off (32..512 ns) that thins the L2 traffic of thousands
-    // of polling warps.
-    if (p.poll_mode == 0) {
-      if (ld_acquire_sys(flag) >= need) return true;
-    } else if (ld_relaxed_sys(flag) >= need) {
-      if (ld_acquire_sys(flag) >= need) return true;
-    } else if (p.poll_mode == 2) {
-      __nanosleep(sleep_ns);
-      sleep_ns = sleep_ns < 512 ? 2 * sleep_ns : 512;
-    }
+    if (ld_acquire_sys(flag) >= need) return true;
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;
       if (gtimer() > deadline) {
@@ -189,41 +169,6 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   } else {
     for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
   }
-}
-
-// Bulk-copy (TMA) primitives, one thread: a global -> shared load completing on an mbarrier,
-// shared -> global stores in a bulk group. Sizes and addresses must be multiples of 16.
-__device__ __forceinline__ unsigned smem_u32(const void* ptr) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  asm volatile(
-      "{\n .reg .pred P;\n WAIT:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
-      " @!P bra WAIT;\n}" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* smem, const void* gsrc, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(smem)), "l"(gsrc), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void bulk_store(void* gdst, const void* smem, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gdst), "r"(smem_u32(smem)),
-               "r"(bytes) : "memory");
-}
-// Waits until every committed bulk store of this thread has completed (its writes performed),
-// then orders them, as generic-proxy writes, before this thread's later (release) stores.
-__device__ __forceinline__ void bulk_commit_and_complete() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
@@ -396,53 +341,6 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
 // copy cannot start until the send blocks retire (it did: 90 registers, tail 168 us).
 constexpr int SEND_THREADS = 128;
 constexpr int SEND_BLOCKS_PER_SM = 3;
-
-// TMA variant of the nvlink token loop (A/B experiment, MOE_BACKEND_NVSHMEM_TMA_SEND=1; the
-// host sets p.tma_send only when rows, scales and pointers are 16-byte multiples and a slot
-// fits the block's shared buffer). Warp 0 of the block: lane 0 loads the row (+ scales) into
-// shared memory with one bulk copy, stores it to each destination slot with one bulk copy
-// each (the copy engine of the SM, not 16-byte register stores), waits for the stores to
-// complete, then raises the token's flags. Tokens as in the register path.
-constexpr int TMA_SLOT_MAX = 40 * 1024;
-__device__ void dispatch_send_tma(const Params& p, const char* __restrict__ x, const int* __restrict__ ids,
-                                  const float* __restrict__ scale, int n, unsigned long long own_ranks,
-                                  unsigned long long round) {
-  extern __shared__ __align__(128) char buf[];  // the slot: dynamic, sized only when this path runs
-  __shared__ unsigned long long bar;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) mbar_init(&bar);
-  __syncwarp();
-  unsigned parity = 0;
-  const unsigned row = (unsigned)p.row_bytes, bytes = row + (unsigned)p.scale_bytes;
-  for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
-    const int t = p.replica + i * p.tp;
-    if (t >= n) break;
-    unsigned long long mask = 0;
-    for (int k = lane; k < p.topk; k += 32) {
-      int id = ids[(long long)t * p.topk + k];
-      if (id >= 0 && id < p.E) mask |= 1ULL << (id / p.L);
-    }
-    unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
-    unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
-    mask = (((unsigned long long)hi << 32) | lo) & ~own_ranks;
-    if (!mask) continue;
-    if (lane == 0) {
-      const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
-      mbar_expect(&bar, bytes);
-      bulk_load(buf, x + (long long)t * row, row, &bar);
-      if (p.scale_bytes)
-        bulk_load(buf + row, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes, &bar);
-      mbar_wait(&bar, parity);
-      parity ^= 1;
-      for (unsigned long long m = mask; m; m &= m - 1) bulk_store(p.peer[__ffsll((long long)m) - 1] + slot_off, buf, bytes);
-      bulk_commit_and_complete();
-      __threadfence_system();
-      for (unsigned long long m = mask; m; m &= m - 1)
-        st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
-    }
-    __syncwarp();
-  }
-}
 template <bool NVL>
 __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p, const char* __restrict__ x,
                                                                      const int* __restrict__ ids,
@@ -468,12 +366,6 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
       p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
-  if constexpr (NVL) {
-    if (p.tma_send) {
-      if (tid < 32) dispatch_send_tma(p, x, ids, scale, n, own_ranks, round);
-      return;
-    }
-  }
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table.
   for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
@@ -1120,7 +1012,6 @@ struct Ctx {
   cudaStream_t send_side = nullptr;
   cudaEvent_t send_join = nullptr;
   at::Tensor keep_ids, keep_w, keep_n;  // keep_ids defined = a send on send_side not yet joined
-  bool tma_send = false;  // MOE_BACKEND_NVSHMEM_TMA_SEND=1 (experiment): see dispatch_send_tma
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -1166,15 +1057,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
   const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
   cx->comb_fused = !(fenv && fenv[0] == '0') && !cx->comb_overlap;
-  // Experiment knobs (A/B): send blocks per SM and copy blocks of the dispatch.
-  const char* sb = std::getenv("MOE_BACKEND_NVSHMEM_SEND_BLOCKS_PER_SM");
-  p->send_blocks = (sb && std::atoi(sb) > 0 ? std::atoi(sb) : SEND_BLOCKS_PER_SM) * p->num_sms;
-  const char* te = std::getenv("MOE_BACKEND_NVSHMEM_TMA_SEND");
-  cx->tma_send = te && te[0] == '1';
-  const char* pm = std::getenv("MOE_BACKEND_NVSHMEM_POLL");
-  p->poll_mode = pm ? std::max(0, std::min(2, std::atoi(pm))) : 0;
-  const char* cb = std::getenv("MOE_BACKEND_NVSHMEM_COPY_BLOCKS");
-  p->copy_blocks = cb && std::atoi(cb) > 0 ? std::atoi(cb) : p->num_sms;
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1238,7 +1120,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
   const long long toks = (long long)p.G * p.M;
-  int cblocks = (int)std::max(1LL, std::min<long long>(p.copy_blocks, (toks + NWARPS - 1) / NWARPS));
+  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
   dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
       reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
@@ -1294,7 +1176,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   }
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(p.send_blocks, per_replica));
+  int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const int* ip = ids.data_ptr<int>();
   const float* wp = w ? w->data_ptr<float>() : nullptr;
@@ -1302,14 +1184,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int* np = ntok ? ntok->data_ptr<int>() : nullptr;
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
-  if (p.nvl) {
-    Params kp = p;
-    kp.tma_send = cx.tma_send && p.row_bytes % 16 == 0 && p.scale_bytes % 16 == 0 &&
-                  p.row_bytes + p.scale_bytes <= TMA_SLOT_MAX && p.slot_bytes % 16 == 0 &&
-                  ((reinterpret_cast<uintptr_t>(xp) | reinterpret_cast<uintptr_t>(sp)) & 15) == 0;
-    const size_t smem = kp.tma_send ? (size_t)(p.row_bytes + p.scale_bytes) : 0;
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, smem, send_stream>>>(kp, xp, ip, wp, sp, np, (int)n_host, rows);
-  } else
+  if (p.nvl)
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+  else
     dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
   if (send_stream != stream) CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
