@@ -43,6 +43,7 @@ struct Params {
                               // send work counter [3]=combine-receive finish counter [4]=err
                               // [5]=dispatch copy work counter [6]=round of the current combine
                               // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
+                              // [8]=largest source-token count of this round (set by the plan)
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
@@ -538,6 +539,9 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
       p.state[2] = 0;      // the fused combine's send and receive work counters (its round
       p.state[7] = 0;      // always follows this plan)
+      int nmax = 0;        // the combine send visits t < nmax only: no group has rows past it
+      for (int gg = 0; gg < G; ++gg) nmax = sh_n[gg] > nmax ? sh_n[gg] : nmax;
+      p.state[8] = (unsigned long long)nmax;
     }
   }
   __syncthreads();
@@ -805,7 +809,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
 
   const int S = p.comb_slices;
-  const long long total = (long long)G * M * S;
+  // Items (t, g, slice) only up to this round's largest source-token count (published by the
+  // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
+  // for each of those empty items (G*M*S of them with a few tokens in a large arena).
+  const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
+  const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
   for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
        i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {

@@ -222,7 +222,7 @@ class Arena:
             raise RuntimeError("transport 'nvlink' needs every peer reachable by nvshmem_ptr (P2P); use 'put'")
         self.chunk, self.nchunks = chunking(spec, sms)
         L = spec.num_local_experts
-        self.state = torch.zeros(8, dtype=torch.int64, device=device)
+        self.state = torch.zeros(16, dtype=torch.int64, device=device)  # see Params::state in csrc
         self.cnt = torch.zeros(self.nchunks * L, dtype=torch.int32, device=device)
         self.rowmap = torch.full((spec.num_groups * spec.max_num_tokens * spec.topk,), -1, dtype=torch.int32,
                                  device=device)
