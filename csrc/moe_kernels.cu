@@ -792,8 +792,7 @@ template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
-// FUSED (the default for arenas past the combine-overlap limit; MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0
-// turns it off): the send items are taken from a counter (state[2]); a warp that finds none left
+// FUSED (the default for arenas of more than 4096 source tokens, see create_ctx): the send items are taken from a counter (state[2]); a warp that finds none left
 // goes on to the receive items (counter state[7]), so the receive starts where the send
 // ends, in the same blocks, without a second launch; launched on the side stream like the
 // overlapped receive, so the caller's stream never waits in it.
@@ -1008,8 +1007,7 @@ struct Ctx {
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  // Fused combine (default for arenas past the overlap limit; MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0
-  // turns it off): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
+  // Fused combine (default for arenas of more than 4096 source tokens, see create_ctx): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
   // are held too, since the side stream reads them after combine_send has returned.
   bool comb_fused = false;
   at::Tensor comb_out, comb_ids, comb_ntok, comb_y, comb_w;
@@ -1028,6 +1026,7 @@ struct Ctx {
 // 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
+constexpr long long COMB_FUSED_MIN_TOKENS = 4096;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
   TORCH_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -1064,7 +1063,10 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
   const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
-  cx->comb_fused = !(fenv && fenv[0] == '0') && !cx->comb_overlap;
+  // Fused combine: on by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster
+  // there, slower at 2048-4096); "1" forces it past the overlap limit, "0" turns it off.
+  const bool fuse_default = (long long)p->G * p->M > COMB_FUSED_MIN_TOKENS;
+  cx->comb_fused = !cx->comb_overlap && ((fenv && fenv[0] == '1') || (!(fenv && fenv[0] == '0') && fuse_default));
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1328,7 +1330,7 @@ static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, cons
 
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
 // receive, concurrently on the side stream (see Ctx); combine_recv then only joins. With the
-// fused combine (default past the overlap limit), one kernel does both halves on the side stream.
+// fused combine (default past 4096 source tokens), one kernel does both halves on the side stream.
 at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {

@@ -23,8 +23,9 @@ capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) tur
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
-Past that size `combine_send` launches one fused kernel on the side stream that sends, then
-receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0` turns it off).
+For arenas of more than 4096 source tokens `combine_send` launches one fused kernel on the
+side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0`
+turns it off; `=1` uses it for every arena past the overlap limit).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra

@@ -75,9 +75,9 @@ def _contract_with_send_stream(seed, count):
 
 
 def test_contract_suite_with_fused_combine():
-    """The fused combine (the default past the combine-overlap limit: send and receive in one
-    kernel on the side stream): the same results; rounds and CUDA-graph replays at a size
-    that takes the fused path."""
+    """The fused combine (send and receive in one kernel on the side stream; the default past
+    4096 source tokens, forced here for every arena past the combine-overlap limit): the same
+    results; rounds and CUDA-graph replays at a size that takes the fused path."""
     print(f"seed={SEED}")
     launch.spawn(_contract_with_fused_combine, WORLD, SEED + 3, max(4, COUNT // 3), dist_backend="nccl",
                  timeout=90 * WORLD)
