@@ -35,6 +35,8 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
+  int prefetch;  // dispatch send: L2 prefetch distance in tokens (A/B experiment, 0 = off)
+  int comb_prefetch;  // combine send: L2 prefetch of the next item's rows (A/B experiment)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -170,6 +172,11 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   } else {
     for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
   }
+}
+
+// One bulk L2 prefetch (no registers, no completion): address and size multiples of 16.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
 // Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
@@ -369,9 +376,23 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
       p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table.
+  const bool can_prefetch = p.prefetch > 0 && ((reinterpret_cast<uintptr_t>(x) | (uintptr_t)p.row_bytes) & 15) == 0 &&
+                            (!scale || ((reinterpret_cast<uintptr_t>(scale) | (uintptr_t)p.scale_bytes) & 15) == 0);
+  bool first = true;
   for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
+    if (can_prefetch && tid == 0) {
+      // This block's next tokens into L2 (experiment, MOE_BACKEND_NVSHMEM_PREFETCH=D): their HBM
+      // latency, long while the receive's copy loads HBM, leaves the send's critical path.
+      for (int d = first ? 1 : p.prefetch; d <= p.prefetch; ++d) {
+        const long long tn = p.replica + (long long)(i + d * gridDim.x) * p.tp;
+        if (tn >= n) break;
+        prefetch_l2(x + tn * p.row_bytes, p.row_bytes);
+        if (scale && p.scale_bytes) prefetch_l2(reinterpret_cast<const char*>(scale) + tn * p.scale_bytes, p.scale_bytes);
+      }
+    }
+    first = false;
     // Every warp derives the same destination mask from the token's ids.
     unsigned long long mask = 0;
     for (int k = lane; k < topk; k += 32) {
@@ -814,8 +835,20 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
-  for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
-       i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
+  // With comb_prefetch (experiment, MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH=1) a warp takes its
+  // next item one item early and prefetches that item's rows into L2 before summing the
+  // current one, so two items' row reads are in flight. A send item taken early is still
+  // one a running warp is about to do, so the fused combine stays deadlock-free.
+  const bool ahead = p.comb_prefetch != 0;
+  long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+  long long inext = ahead && i < total ? next_item<FUSED>(&p.state[2], i, stride, lane) : total;
+  auto advance = [&]() {
+    if (!ahead) return next_item<FUSED>(&p.state[2], i, stride, lane);
+    const long long v = inext;
+    inext = v < total ? next_item<FUSED>(&p.state[2], v, stride, lane) : total;
+    return v;
+  };
+  for (; i < total; i = advance()) {
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
@@ -831,6 +864,18 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         sh_w[warp][pos] = w ? w[row] : 1.0f;
       }
       nk += __popc(b);
+    }
+    if (ahead && inext < total) {
+      const int nsl = (int)(inext % S);
+      const long long nu = (long long)(inext / S % G) * M + inext / S / G;
+      int a0, a1;
+      slice_range(H, S, nsl, 32 * N * C, a0, a1);
+      const unsigned bytes = (unsigned)((a1 - a0) * (int)sizeof(TY));
+      for (int k = lane; k < topk; k += 32) {
+        const int row = p.rowmap[nu * topk + k];
+        const TY* src = y + (long long)row * H + a0;
+        if (row >= 0 && bytes && ((reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) prefetch_l2(src, (int)bytes);
+      }
     }
     __syncwarp();
     if (nk == 0) continue;
@@ -1062,6 +1107,10 @@ int64_t create_ctx(std::vector<int64_t> c) {
   cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
+  const char* pf = std::getenv("MOE_BACKEND_NVSHMEM_PREFETCH");
+  p->prefetch = pf ? std::max(0, std::min(8, std::atoi(pf))) : 0;
+  const char* cpf = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH");
+  p->comb_prefetch = cpf && cpf[0] == '1';
   const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
   // Fused combine: on by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster
   // there, slower at 2048-4096); "1" forces it past the overlap limit, "0" turns it off.
