@@ -1104,7 +1104,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
   const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
-  cx->overlap = !(env && env[0] == '0') && p->chunk <= 256;
+  // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
+  // that feed them could not be scheduled: plan blocks of <= 256 threads, or (experiment)
+  // kernels sized for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
+  cudaPointerAttributes pattr{};
+  CUDA_OK(cudaPointerGetAttributes(&pattr, p->sym));
+  int dev_sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, pattr.device));
+  cx->overlap = !(env && env[0] == '0') && (p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
   cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
   const char* pf = std::getenv("MOE_BACKEND_NVSHMEM_PREFETCH");

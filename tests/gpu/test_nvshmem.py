@@ -91,6 +91,21 @@ def _contract_with_fused_combine(seed, count):
         _workers.graph_worker(seed, transport, 4, tokens=1100)
 
 
+def test_contract_suite_with_few_sms():
+    """Kernels sized for 4 SMs (backend option num_sms): the same results; at G*M = 2200 the
+    plan's chunks exceed 256 tokens, and the receive still overlaps the send (the grids use
+    at most half the GPU), in rounds and CUDA-graph replays too."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_with_few_sms, WORLD, SEED + 4, max(4, COUNT // 3), dist_backend="nccl",
+                 timeout=90 * WORLD)
+
+
+def _contract_with_few_sms(seed, count):
+    _workers.contract_worker(seed, count, ("put", "nvlink"), num_sms=4)
+    _workers.rounds_worker(seed, "nvlink", 6, tokens=1100, num_sms=4)
+    _workers.graph_worker(seed, "nvlink", 3, tokens=1100, num_sms=4)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""
