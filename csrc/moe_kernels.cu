@@ -813,10 +813,11 @@ template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
-// FUSED (the default for arenas of more than 4096 source tokens, see create_ctx): the send items are taken from a counter (state[2]); a warp that finds none left
-// goes on to the receive items (counter state[7]), so the receive starts where the send
-// ends, in the same blocks, without a second launch; launched on the side stream like the
-// overlapped receive, so the caller's stream never waits in it.
+// FUSED (the default for arenas of more than 4096 source tokens, see create_ctx): the send
+// items are taken from a counter (state[2]); a warp that finds none left goes on to the
+// receive items (counter state[7]), so the receive starts where the send ends, in the same
+// blocks, without a second launch; launched on the side stream like the overlapped receive,
+// so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
@@ -1052,8 +1053,9 @@ struct Ctx {
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  // Fused combine (default for arenas of more than 4096 source tokens, see create_ctx): combine_send launches one kernel, send then receive, on `side`; its `y` / weights
-  // are held too, since the side stream reads them after combine_send has returned.
+  // Fused combine (default for arenas of more than 4096 source tokens, see create_ctx):
+  // combine_send launches one kernel, send then receive, on `side`; its `y` / weights are
+  // held too, since the side stream reads them after combine_send has returned.
   bool comb_fused = false;
   at::Tensor comb_out, comb_ids, comb_ntok, comb_y, comb_w;
   // Send stream (backend option send_stream, overlap only): the send kernel also runs off the
