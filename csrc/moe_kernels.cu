@@ -489,9 +489,11 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   // Grid barrier on a counter that is never reset: this launch's blocks all see the same
   // generation (old / nchunks); the next launch on this context starts after this one ends.
+  // A single block (small arenas, see chunking) needs none: its own counts are ordered by
+  // __syncthreads.
   __threadfence();
   __syncthreads();
-  if (tid == 0) {
+  if (tid == 0 && gridDim.x > 1) {
     const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
     const unsigned long long need = (gen + 1) * gridDim.x;
     const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
