@@ -802,7 +802,8 @@ __device__ __forceinline__ long long next_item(unsigned long long* counter, long
   }
 }
 
-// What the fused combine needs for its receive half (unused otherwise).
+// What a combine receive needs (the fused send kernel's receive half; unused otherwise).
+// The host passes RecvArgs<void> around and types it at the launch.
 template <typename TO>
 struct RecvArgs {
   const int* ids;
@@ -810,6 +811,10 @@ struct RecvArgs {
   int n_host, rows;
   TO* out;
 };
+template <typename TO>
+RecvArgs<TO> typed(const RecvArgs<void>& a) {
+  return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
+}
 
 template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
@@ -1082,6 +1087,15 @@ static Ctx& CX(int64_t ctx) {
   return *reinterpret_cast<Ctx*>(ctx);
 }
 
+// An on/off choice read when an arena is created: `name`=0 turns it off, `name`=1 turns it on
+// if `can_force` (otherwise the default stands), anything else or unset: `dflt`.
+static bool env_switch(const char* name, bool dflt, bool can_force = false) {
+  const char* v = std::getenv(name);
+  if (v && v[0] == '0') return false;
+  if (v && v[0] == '1' && can_force) return true;
+  return dflt;
+}
+
 int64_t create_ctx(std::vector<int64_t> c) {
   TORCH_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
@@ -1107,7 +1121,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
-  const char* env = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP");
+  const long long sources = (long long)p->G * p->M;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or (experiment)
   // kernels sized for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1115,18 +1129,15 @@ int64_t create_ctx(std::vector<int64_t> c) {
   CUDA_OK(cudaPointerGetAttributes(&pattr, p->sym));
   int dev_sms = 0;
   CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, pattr.device));
-  cx->overlap = !(env && env[0] == '0') && (p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
-  const char* cenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP");
-  cx->comb_overlap = !(cenv && cenv[0] == '0') && (long long)p->G * p->M <= COMB_OVERLAP_MAX_TOKENS;
+  cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
+  cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
   const char* pf = std::getenv("MOE_BACKEND_NVSHMEM_PREFETCH");
   p->prefetch = pf ? std::max(0, std::min(8, std::atoi(pf))) : 0;
-  const char* cpf = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH");
-  p->comb_prefetch = cpf && cpf[0] == '1';
-  const char* fenv = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_FUSED");
-  // Fused combine: on by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster
-  // there, slower at 2048-4096); "1" forces it past the overlap limit, "0" turns it off.
-  const bool fuse_default = (long long)p->G * p->M > COMB_FUSED_MIN_TOKENS;
-  cx->comb_fused = !cx->comb_overlap && ((fenv && fenv[0] == '1') || (!(fenv && fenv[0] == '0') && fuse_default));
+  p->comb_prefetch = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH", false, true);
+  // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
+  // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
+  cx->comb_fused = !cx->comb_overlap &&
+                   env_switch("MOE_BACKEND_NVSHMEM_COMBINE_FUSED", sources > COMB_FUSED_MIN_TOKENS, true);
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     cudaPointerAttributes attr{};
     CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
@@ -1304,24 +1315,15 @@ static int ready_kernel(K kernel, int threads) {
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
 }
 
-// The receive half of a fused combine (its output is of the send's y dtype).
-struct RecvSpec {
-  const int* ids;
-  const int* nptr;
-  int n_host, rows;
-  void* out;
-};
-
 // Launches the combine send (fused with the receive when `rs` is given); returns the
 // registers one of its blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
-static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
+static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   const TY* yp = reinterpret_cast<const TY*>(y);
   if (rs) {
     static const int fused_regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, true>, NTHREADS);
-    const RecvArgs<TY> ra{rs->ids, rs->nptr, rs->n_host, rs->rows, reinterpret_cast<TY*>(rs->out)};
-    combine_send_kernel<NVL, TY, TX, N, true><<<blocks, NTHREADS, 0, s>>>(p, yp, w, ra);
+    combine_send_kernel<NVL, TY, TX, N, true><<<blocks, NTHREADS, 0, s>>>(p, yp, w, typed<TY>(*rs));
     return fused_regs;
   }
   static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, false>, NTHREADS);
@@ -1330,13 +1332,13 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
 }
 
 template <bool NVL, typename TY, typename TX>
-static int launch_combine_send(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
+static int launch_combine_send(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, rs, s)
                       : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, rs, s);
 }
 
 template <bool NVL, typename TY>
-static int launch_combine_send_x(const Params& p, const void* y, const float* w, const RecvSpec* rs, cudaStream_t s) {
+static int launch_combine_send_x(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, rs, s);
   return launch_combine_send<NVL, TY, TY>(p, y, w, rs, s);
 }
@@ -1349,40 +1351,39 @@ static int launch_combine_send_x(const Params& p, const void* y, const float* w,
 // they would not fit: the caller then runs the receive alone, later.
 constexpr int COMB_OVERLAP_THREADS = 128;
 template <typename TX, typename TO>
-static bool launch_combine_recv(const Params& p, const int* ids, const int* nptr, int n_host, int rows, void* out,
-                                int send_regs, cudaStream_t s) {
+static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   if (p.H % 8 == 0) {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, RecvArgs<TO>{ids, nptr, n_host, rows, reinterpret_cast<TO*>(out)});
+    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
   } else {
     static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
     if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, RecvArgs<TO>{ids, nptr, n_host, rows, reinterpret_cast<TO*>(out)});
+    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
   }
   return true;
 }
 
-static bool launch_combine_recv_any(const Params& p, const at::Tensor& ids, const std::optional<at::Tensor>& ntok,
-                                    int64_t n_host, at::Tensor& out, int send_regs, cudaStream_t s) {
-  const int* nptr = ntok ? ntok->data_ptr<int>() : nullptr;
-  const int rows = out.size(0);
-  void* o = out.data_ptr();
-  const int* ip = ids.data_ptr<int>();
-  const int nh = (int)n_host;
+// The receive's arguments from the op's tensors.
+static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                                const at::Tensor& out) {
+  return {ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out.size(0), out.data_ptr()};
+}
+
+static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s) {
   bool launched;
   switch (p.out_code) {
     case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ip, nptr, nh, rows, o, send_regs, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ra, send_regs, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ra, send_regs, s);
       break;
     case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ip, nptr, nh, rows, o, send_regs, s)
-                                  : launch_combine_recv<__half, __half>(p, ip, nptr, nh, rows, o, send_regs, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ra, send_regs, s)
+                                  : launch_combine_recv<__half, __half>(p, ra, send_regs, s);
       break;
-    default: launched = launch_combine_recv<float, float>(p, ip, nptr, nh, rows, o, send_regs, s); break;
+    default: launched = launch_combine_recv<float, float>(p, ra, send_regs, s); break;
   }
   CUDA_OK(cudaGetLastError());
   return launched;
@@ -1405,15 +1406,13 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   const float* wp = w ? w->data_ptr<float>() : nullptr;
   const void* yp = y.data_ptr();
   cudaStream_t ks = s;
-  RecvSpec spec{};
-  const RecvSpec* rs = nullptr;
+  RecvArgs<void> ra{};
+  if (has_recv) ra = recv_args(*ids, ntok, n_host, *out);
   if (fused) {
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     ks = cx.side;
-    spec = RecvSpec{ids->data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out->size(0),
-                    out->data_ptr()};
-    rs = &spec;
   }
+  const RecvArgs<void>* rs = fused ? &ra : nullptr;
   int send_regs = 0;
 #define CS(NVL)                                                                               \
   switch (p.out_code) {                                                                       \
@@ -1424,26 +1423,25 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS
   CUDA_OK(cudaGetLastError());
-  if (fused) {
+  at::Tensor dep_out = at::empty({0}, y.options().dtype(at::kInt));
+  if (overlap) {
+    CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
+    // Would it not fit beside the send, combine_recv runs it.
+    if (!launch_combine_recv_any(p, ra, send_regs, cx.side)) return dep_out;
+  }
+  if (fused || overlap) {
+    // The receive runs on the side stream: its inputs (and a fused send's y / weights) are
+    // held until combine_recv joins.
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.comb_out = *out;
     cx.comb_ids = *ids;
     cx.comb_ntok = ntok ? *ntok : at::Tensor();
-    cx.comb_y = y;
-    cx.comb_w = w ? *w : at::Tensor();
-    return at::empty({0}, y.options().dtype(at::kInt));
+    if (fused) {
+      cx.comb_y = y;
+      cx.comb_w = w ? *w : at::Tensor();
+    }
   }
-  if (overlap) {
-    at::Tensor o = *out;
-    CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
-    if (!launch_combine_recv_any(p, *ids, ntok, n_host, o, send_regs, cx.side))
-      return at::empty({0}, y.options().dtype(at::kInt));  // would not fit beside the send: combine_recv runs it
-    CUDA_OK(cudaEventRecord(cx.join, cx.side));
-    cx.comb_out = o;
-    cx.comb_ids = *ids;
-    cx.comb_ntok = ntok ? *ntok : at::Tensor();
-  }
-  return at::empty({0}, y.options().dtype(at::kInt));
+  return dep_out;
 }
 
 void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
@@ -1458,7 +1456,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
     cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();  // joined: reuse is ordered after
     return;
   }
-  launch_combine_recv_any(cx.p, ids, ntok, n_host, out, 0, s);
+  launch_combine_recv_any(cx.p, recv_args(ids, ntok, n_host, out), 0, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------
