@@ -35,8 +35,7 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
-  int prefetch;  // dispatch send: L2 prefetch distance in tokens (A/B experiment, 0 = off)
-  int comb_prefetch;  // combine send: L2 prefetch of the next item's rows (A/B experiment)
+  int copy_interleave;  // dispatch copy order: own tokens interleaved with arrivals (A/B experiment)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -172,11 +171,6 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   } else {
     for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
   }
-}
-
-// One bulk L2 prefetch (no registers, no completion): address and size multiples of 16.
-__device__ __forceinline__ void prefetch_l2(const void* ptr, int bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
 // Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
@@ -376,23 +370,9 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
       p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table.
-  const bool can_prefetch = p.prefetch > 0 && ((reinterpret_cast<uintptr_t>(x) | (uintptr_t)p.row_bytes) & 15) == 0 &&
-                            (!scale || ((reinterpret_cast<uintptr_t>(scale) | (uintptr_t)p.scale_bytes) & 15) == 0);
-  bool first = true;
   for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
-    if (can_prefetch && tid == 0) {
-      // This block's next tokens into L2 (experiment, MOE_BACKEND_NVSHMEM_PREFETCH=D): their HBM
-      // latency, long while the receive's copy loads HBM, leaves the send's critical path.
-      for (int d = first ? 1 : p.prefetch; d <= p.prefetch; ++d) {
-        const long long tn = p.replica + (long long)(i + d * gridDim.x) * p.tp;
-        if (tn >= n) break;
-        prefetch_l2(x + tn * p.row_bytes, p.row_bytes);
-        if (scale && p.scale_bytes) prefetch_l2(reinterpret_cast<const char*>(scale) + tn * p.scale_bytes, p.scale_bytes);
-      }
-    }
-    first = false;
     // Every warp derives the same destination mask from the token's ids.
     unsigned long long mask = 0;
     for (int k = lane; k < topk; k += 32) {
@@ -489,11 +469,9 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   // Grid barrier on a counter that is never reset: this launch's blocks all see the same
   // generation (old / nchunks); the next launch on this context starts after this one ends.
-  // A single block (small arenas, see chunking) needs none: its own counts are ordered by
-  // __syncthreads.
   __threadfence();
   __syncthreads();
-  if (tid == 0 && gridDim.x > 1) {
+  if (tid == 0) {
     const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
     const unsigned long long need = (gen + 1) * gridDim.x;
     const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
@@ -620,7 +598,11 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     const long long i = (long long)__shfl_sync(0xffffffffu, next, 0);
     if (i >= total) break;
     int gg, tt;
-    if (i < M) {
+    if (p.copy_interleave) {  // (t, g) order over every group, the own group first at each t
+      tt = (int)(i / G);
+      const int o = (int)(i % G);
+      gg = o == 0 ? me : (o - 1 < me ? o - 1 : o);
+    } else if (i < M) {
       gg = me;
       tt = (int)i;
     } else {
@@ -843,20 +825,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
-  // With comb_prefetch (experiment, MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH=1) a warp takes its
-  // next item one item early and prefetches that item's rows into L2 before summing the
-  // current one, so two items' row reads are in flight. A send item taken early is still
-  // one a running warp is about to do, so the fused combine stays deadlock-free.
-  const bool ahead = p.comb_prefetch != 0;
-  long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
-  long long inext = ahead && i < total ? next_item<FUSED>(&p.state[2], i, stride, lane) : total;
-  auto advance = [&]() {
-    if (!ahead) return next_item<FUSED>(&p.state[2], i, stride, lane);
-    const long long v = inext;
-    inext = v < total ? next_item<FUSED>(&p.state[2], v, stride, lane) : total;
-    return v;
-  };
-  for (; i < total; i = advance()) {
+  for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+       i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
@@ -872,18 +842,6 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         sh_w[warp][pos] = w ? w[row] : 1.0f;
       }
       nk += __popc(b);
-    }
-    if (ahead && inext < total) {
-      const int nsl = (int)(inext % S);
-      const long long nu = (long long)(inext / S % G) * M + inext / S / G;
-      int a0, a1;
-      slice_range(H, S, nsl, 32 * N * C, a0, a1);
-      const unsigned bytes = (unsigned)((a1 - a0) * (int)sizeof(TY));
-      for (int k = lane; k < topk; k += 32) {
-        const int row = p.rowmap[nu * topk + k];
-        const TY* src = y + (long long)row * H + a0;
-        if (row >= 0 && bytes && ((reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) prefetch_l2(src, (int)bytes);
-      }
     }
     __syncwarp();
     if (nk == 0) continue;
@@ -1123,24 +1081,20 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
-  // that feed them could not be scheduled: plan blocks of <= 256 threads, or (experiment)
-  // kernels sized for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
-  cudaPointerAttributes pattr{};
-  CUDA_OK(cudaPointerGetAttributes(&pattr, p->sym));
+  // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
+  // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
+  cudaPointerAttributes attr{};
+  CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
   int dev_sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, pattr.device));
+  CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, attr.device));
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
-  const char* pf = std::getenv("MOE_BACKEND_NVSHMEM_PREFETCH");
-  p->prefetch = pf ? std::max(0, std::min(8, std::atoi(pf))) : 0;
-  p->comb_prefetch = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH", false, true);
+  p->copy_interleave = env_switch("MOE_BACKEND_NVSHMEM_COPY_INTERLEAVE", false, true);
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
                    env_switch("MOE_BACKEND_NVSHMEM_COMBINE_FUSED", sources > COMB_FUSED_MIN_TOKENS, true);
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
-    cudaPointerAttributes attr{};
-    CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
     CUDA_OK(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
     CUDA_OK(cudaEventCreateWithFlags(&cx->fork, cudaEventDisableTiming));

@@ -5,7 +5,7 @@
 #   scripts/gpu_ab_bench.sh OUT_DIR PRESET VARIANT...
 # e.g. scripts/gpu_ab_bench.sh $OUT/ab deepseek_prefill base MOE_BACKEND_NVSHMEM_X=1 base
 # Writes OUT_DIR/bench_<i>_<variant>.json/.log and prints each variant's median dispatch and
-# combine (slowest rank) to OUT_DIR/ab.txt.
+# combine (slowest rank) to OUT_DIR/ab.txt. AB_BENCH_ARGS adds bench options (e.g. "--sms 24").
 set -uo pipefail
 out=$1 bench_preset=$2
 shift 2
@@ -20,7 +20,7 @@ for variant in "$@"; do
   env=()
   [ "$variant" = base ] || IFS=, read -r -a env <<< "$variant"
   name="bench_${i}_${variant//[^A-Za-z0-9=_]/_}"
-  env "${env[@]}" "$PYTHON" -m moe_backend.cli bench --config "$bench_preset" --backend nvshmem \
+  env "${env[@]}" "$PYTHON" -m moe_backend.cli bench --config "$bench_preset" --backend nvshmem ${AB_BENCH_ARGS:-} \
     --out "$out/$name.json" > "$out/$name.log" 2>&1
   "$PYTHON" - "$out/$name.json" "$variant" >> "$out/ab.txt" <<'PY'
 import json, sys

@@ -123,10 +123,6 @@ def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
     """(tokens per block, blocks) of the dispatch-receive kernel: at most one block per SM."""
     tokens = spec.num_groups * spec.max_num_tokens
     chunk = min(1024, 32 * -(-tokens // (32 * num_sms)))
-    # Experiment (MOE_BACKEND_NVSHMEM_ONE_BLOCK_PLAN=N): arenas of <= N (at most 256) source
-    # tokens are planned by one block, which needs no grid barrier and no cross-block counts.
-    if tokens <= min(256, int(os.environ.get("MOE_BACKEND_NVSHMEM_ONE_BLOCK_PLAN", "0") or 0)):
-        chunk = 32 * -(-tokens // 32)
     nchunks = -(-tokens // chunk)
     if nchunks > num_sms:
         raise ValueError(
