@@ -37,7 +37,7 @@ struct Params {
   int nvl;
   int diag_copy_rows;  // DIAGNOSTIC ONLY (wrong outputs): copy at most this many rows per token, -1 = all
   int plain_stores;    // experiment: dispatch copy with write-back stores instead of streaming ones
-  int release_only;    // experiment: nvlink send flags by st.release.sys alone, no fence.sc.sys first
+  int diag_no_fence;   // DIAGNOSTIC ONLY (unordered flags): nvlink send flags by relaxed stores, no fence
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -394,9 +394,12 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                          reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
       __syncthreads();  // every thread's stores of this token precede thread 0's fence + flags
       if (tid == 0) {
-        if (!p.release_only) __threadfence_system();
-        for (unsigned long long m = mask; m; m &= m - 1)
-          st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
+        if (!p.diag_no_fence) __threadfence_system();
+        for (unsigned long long m = mask; m; m &= m - 1) {
+          unsigned long long* f = sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t));
+          if (p.diag_no_fence) *reinterpret_cast<volatile unsigned long long*>(f) = round;
+          else st_release_sys(f, round);
+        }
       }
     } else {
       char* st = p.sym + p.off_stage_disp + (long long)t * p.slot_bytes;
@@ -1094,7 +1097,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const char* diag = std::getenv("MOE_BACKEND_NVSHMEM_DIAG_COPY_ROWS");
   p->diag_copy_rows = diag && diag[0] ? std::atoi(diag) : -1;
   p->plain_stores = env_switch("MOE_BACKEND_NVSHMEM_PLAIN_STORES", false, true);
-  p->release_only = env_switch("MOE_BACKEND_NVSHMEM_RELEASE_ONLY", false, true);
+  p->diag_no_fence = env_switch("MOE_BACKEND_NVSHMEM_DIAG_NO_FENCE", false, true);
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&

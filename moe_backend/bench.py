@@ -247,25 +247,49 @@ def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.devi
     return max_over_ranks({"all_to_all": stats(samples)})["all_to_all"]
 
 
+def _median_seconds(op: Callable[[], Any], iters: int) -> float:
+    """Median time of `op` on the current device (CUDA events), after 3 untimed calls."""
+    for _ in range(3):
+        op()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        op()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def copy_rate_gbps(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
     """Raw one-way GPU0 -> GPU1 copy rate (GB/s), measured on rank 0; None without 2 GPUs."""
     if dist.get_rank() != 0 or torch.cuda.device_count() < 2:
         return None
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize("cuda:0")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return nbytes / times[len(times) // 2] / 1e9
+    with torch.cuda.device(0):
+        return nbytes / _median_seconds(lambda: dst.copy_(src), iters) / 1e9
+
+
+def local_memory_rates_gbps(nbytes: int = 1 << 30, iters: int = 20) -> dict[str, float] | None:
+    """The receive side's other ceiling: this GPU's own memory traffic rate (GB/s, bytes read
+    plus bytes written) for a copy within the GPU, a write-only fill, and the dispatch
+    receive's pattern (each 16 KiB row read once, written to 4 rows); rank 0 only."""
+    if dist.get_rank() != 0 or not torch.cuda.is_available():
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    row, copies = 1 << 14, 4
+    rows = src[: nbytes // copies].view(-1, row)
+    order = torch.arange(rows.shape[0], device="cuda").repeat_interleave(copies)  # repeats read from L2
+    out = dst.view(-1, row)
+    return {"copy": 2 * nbytes / _median_seconds(lambda: dst.copy_(src), iters) / 1e9,
+            "write": nbytes / _median_seconds(lambda: dst.fill_(7), iters) / 1e9,
+            "replicate_x4": (nbytes + nbytes // copies)
+            / _median_seconds(lambda: torch.index_select(rows, 0, order, out=out), iters) / 1e9}
 
 
 def backends_to_run(requested: str, device: torch.device,
@@ -293,6 +317,11 @@ def bench_device() -> torch.device:
 def measure_copy_rate() -> float | None:
     """The GPU-to-GPU ceiling, measured once per run before any backend is set up."""
     return _gather(copy_rate_gbps())[0] if bench_device().type == "cuda" else None
+
+
+def measure_local_memory_rates() -> dict[str, float] | None:
+    """The within-GPU memory ceilings (rank 0's GPU), measured once per run."""
+    return _gather(local_memory_rates_gbps())[0] if bench_device().type == "cuda" else None
 
 
 def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy_rate: float | None,
@@ -390,6 +419,10 @@ def format_table(report: dict[str, Any]) -> str:
                          f"matmul x{o['matmul_reps']} {o['matmul_us']:.1f} us, send+matmul+recv "
                          f"{o['overlapped_us']:.1f} us = {o['ratio']:.2f}x the longer alone"
                          + (" (send stream)" if o.get("send_stream") else ""))
+    mem = report.get("local_memory_gbps")
+    if mem:
+        lines.append(f"within-GPU memory traffic (read + write): copy {mem['copy']:.0f} GB/s, "
+                     f"write-only {mem['write']:.0f} GB/s, each row to 4 rows {mem['replicate_x4']:.0f} GB/s")
     floor = report.get("latency_floor_us")
     if floor:
         lines.append("latency floor (NVLink store + wait, every peer): "

@@ -87,10 +87,12 @@ def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot:
                 sms: list[int] | None) -> None:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
+    memory_rates = benchmod.measure_local_memory_rates()
     floor = latency_floor.measure(benchmod.bench_device()) if backend in ("all", "nvshmem", "auto") else None
     for preset in presets:
         report = benchmod.run(preset, backend, say, copy_rate, sms or ())
         report["latency_floor_us"] = floor
+        report["local_memory_gbps"] = memory_rates
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))
