@@ -35,9 +35,6 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
-  int diag_copy_rows;  // DIAGNOSTIC ONLY (wrong outputs): copy at most this many rows per token, -1 = all
-  int plain_stores;    // experiment: dispatch copy with write-back stores instead of streaming ones
-  int diag_no_fence;   // DIAGNOSTIC ONLY (unordered flags): nvlink send flags by relaxed stores, no fence
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -394,12 +391,9 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                          reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
       __syncthreads();  // every thread's stores of this token precede thread 0's fence + flags
       if (tid == 0) {
-        if (!p.diag_no_fence) __threadfence_system();
-        for (unsigned long long m = mask; m; m &= m - 1) {
-          unsigned long long* f = sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t));
-          if (p.diag_no_fence) *reinterpret_cast<volatile unsigned long long*>(f) = round;
-          else st_release_sys(f, round);
-        }
+        __threadfence_system();
+        for (unsigned long long m = mask; m; m &= m - 1)
+          st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
       }
     } else {
       char* st = p.sym + p.off_stage_disp + (long long)t * p.slot_bytes;
@@ -632,7 +626,6 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
     arrived = __shfl_sync(0xffffffffu, arrived, 0);
     __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
-    if (p.diag_copy_rows >= 0 && nk > p.diag_copy_rows) nk = p.diag_copy_rows;
     if (nk > 0 && arrived) {  // nothing is copied after a timeout
       const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
       const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
@@ -648,10 +641,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
             int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
 #pragma unroll
             for (int u = 0; u < RECV_UNROLL; ++u)
-              if (c0 + 32 * u < n16) {
-                if (p.plain_stores) d[c0 + 32 * u] = v[u];
-                else __stcs(d + c0 + 32 * u, v[u]);
-              }
+              if (c0 + 32 * u < n16) __stcs(d + c0 + 32 * u, v[u]);
           }
         }
       } else {
@@ -1094,10 +1084,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, attr.device));
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
-  const char* diag = std::getenv("MOE_BACKEND_NVSHMEM_DIAG_COPY_ROWS");
-  p->diag_copy_rows = diag && diag[0] ? std::atoi(diag) : -1;
-  p->plain_stores = env_switch("MOE_BACKEND_NVSHMEM_PLAIN_STORES", false, true);
-  p->diag_no_fence = env_switch("MOE_BACKEND_NVSHMEM_DIAG_NO_FENCE", false, true);
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
