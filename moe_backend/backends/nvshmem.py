@@ -19,7 +19,9 @@ between `dispatch_send` and `dispatch_recv` (the extension holds a reference unt
 
 Overlap: `dispatch_send` also launches the receive side (plan + copy kernels) on a side
 stream of the arena, concurrent with the send; `dispatch_recv` joins it (events, graph
-capturable). `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) turns it off.
+capturable). On for arenas of at most 256 source tokens per SM of `num_sms`, and for any arena
+when `num_sms` is at most half the GPU's SMs (the waiting kernels then leave the send room).
+`MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) turns it off.
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
