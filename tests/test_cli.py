@@ -89,7 +89,7 @@ def test_bench_rows_with_fewer_sms(monkeypatch) -> None:
     assert [r[0] for r in bench.backends_to_run("reference", torch.device("cuda", 0), [24])] == ["reference"]
 
 
-def test_table_and_plot_show_the_latency_floor(tmp_path) -> None:
+def test_table_and_plot_show_the_latency_floor_and_memory_rates(tmp_path) -> None:
     from moe_backend import bench
     from moe_backend.bench_plot import plot_latency
 
@@ -97,9 +97,13 @@ def test_table_and_plot_show_the_latency_floor(tmp_path) -> None:
     report = {"preset": "p", "spec": "s", "copy_rate_gbps": None, "rows": [
         {"backend": "nvshmem", "num_tokens": n, "phases": phases} for n in (1, 8)],
         "latency_floor_us": {"1_launch": {"p10": 5.0, "median": 6.0, "p90": 7.0},
-                             "2_launches": {"p10": 9.0, "median": 10.5, "p90": 12.0}}}
+                             "2_launches": {"p10": 9.0, "median": 10.5, "p90": 12.0}},
+        "local_memory_gbps": {"copy": 4100.4, "write": 3300.6, "replicate_x4": 2900.2}}
     text = bench.format_table(report)
     assert "latency floor (NVLink store + wait, every peer): 1 launch 6.0 us, 2 launches 10.5 us" in text
+    assert ("within-GPU memory traffic (read + write): copy 4100 GB/s, write-only 3301 GB/s, "
+            "each row to 4 rows 2900 GB/s") in text
+    assert "within-GPU" not in bench.format_table({**report, "local_memory_gbps": None})
     png = tmp_path / "p.png"
     why = plot_latency([report], png)
     assert why is not None or png.read_bytes()[:4] == b"\x89PNG"
