@@ -35,6 +35,7 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
+  int comb_async;  // fused combine send with cp.async-pipelined row loads (A/B experiment)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -755,6 +756,90 @@ template <typename T, int N>
 constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 
+// Pipelined row sums (experiment, MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=1): the row loads go to
+// shared memory by cp.async, ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a
+// warp keeps ~3x the bytes of sum_rows in flight without the registers (the combine send is
+// bound by its row reads' latency when few SMs run it).
+constexpr int ASYNC_STAGES = 3;
+template <typename T, int N>
+constexpr int vec_pieces() { return N * (int)sizeof(T) / 16; }  // 16-byte pieces of one chunk
+template <typename T, int N>
+constexpr int async_warp_int4s() { return ASYNC_STAGES * ROW_BATCH * chunks_per_step<T, N>() * vec_pieces<T, N>() * 32; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int K>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory"); }
+
+// The sums of sum_rows for every step h = h0 + lane*N + s*32*N*C (s = 0, 1, ... up to h1),
+// handed to emit(h, acc) step by step: the same adds in the same order (row j ascending, from
+// 0.0f, no FMA). Each lane reads back only the pieces it loaded itself, so no warp sync is
+// needed; a lane's chunks at or past h1 are neither loaded nor to be emitted. buf: this warp's
+// async_warp_int4s<T, N>() int4 of shared memory. Needs 16-byte aligned rows (N*sizeof(T) % 16 == 0).
+template <typename T, int N, typename Emit>
+__device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                                   int4* buf, Emit&& emit) {
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = ASYNC_STAGES;
+  constexpr int STAGE = RB * C * P * 32;
+  const int lane = threadIdx.x & 31;
+  const int nb = (nk + RB - 1) / RB;
+  const int hl = h0 + lane * N;
+  const int steps = h1 > h0 ? (h1 - h0 + 32 * N * C - 1) / (32 * N * C) : 0;  // empty slice: none
+  const int ntasks = steps * nb;
+  auto issue = [&](int q) {
+    if (q < ntasks) {
+      const int s = q / nb, j0 = (q % nb) * RB;
+      const int h = hl + s * 32 * N * C;
+      int4* st = buf + (q % D) * STAGE;
+#pragma unroll
+      for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+          if (j0 + r < nk && h + c * 32 * N < h1)
+#pragma unroll
+            for (int pc = 0; pc < P; ++pc)
+              cp_async16(st + ((r * C + c) * P + pc) * 32 + lane,
+                         reinterpret_cast<const int4*>(rows[j0 + r] + h + c * 32 * N) + pc);
+    }
+    cp_async_commit();  // empty groups too: the wait count below stays uniform
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue(q);
+  float acc[C][N];
+  for (int q = 0; q < ntasks; ++q) {
+    issue(q + D - 1);
+    cp_async_wait<D - 1>();  // task q's group has landed
+    const int s = q / nb, b = q % nb, j0 = b * RB;
+    if (b == 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+    }
+    const int4* st = buf + (q % D) * STAGE;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (j0 + r < nk) {
+        const float wj = ws ? ws[j0 + r] : 1.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          VecT<T, N> raw;
+#pragma unroll
+          for (int pc = 0; pc < P; ++pc) reinterpret_cast<int4*>(&raw)[pc] = st[((r * C + c) * P + pc) * 32 + lane];
+#pragma unroll
+          for (int i = 0; i < N; ++i)
+            acc[c][i] = ws ? __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw.v[i]))) : __fadd_rn(acc[c][i], to_f<T>(raw.v[i]));
+        }
+      }
+    }
+    if (b == nb - 1) emit(hl + s * 32 * N * C, acc);
+  }
+  cp_async_wait<0>();
+}
+
 // ---------------------------------------------------------------------------------------
 // Combine send: raise the round barrier at every rank, then one warp per source token held
 // here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
@@ -802,10 +887,11 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // receive items (counter state[7]), so the receive starts where the send ends, in the same
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   constexpr int C = chunks_per_step<TY, N>();
+  extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
@@ -845,9 +931,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-      float acc[C][N];
-      sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+    // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
+    auto emit = [&](int h, float (&acc)[C][N]) {
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         const int hh = h + c * 32 * N;
@@ -858,6 +943,16 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
             store_n<TX, N>(stage + hh, acc[c]);
           }
         }
+      }
+    };
+    if constexpr (ASYNC) {
+      sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
+                                async_smem + warp * async_warp_int4s<TY, N>(), emit);
+    } else {
+      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+        float acc[C][N];
+        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+        emit(h, acc);
       }
     }
     __syncwarp();
@@ -1084,6 +1179,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, attr.device));
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
+  p->comb_async = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", false, true);
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
@@ -1269,6 +1365,18 @@ template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   const TY* yp = reinterpret_cast<const TY*>(y);
+  if constexpr (vec_pieces<TY, N>() >= 1 && N * sizeof(TY) % 16 == 0) {
+    if (rs && p.comb_async && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+      constexpr int smem = NWARPS * async_warp_int4s<TY, N>() * 16;
+      static const int async_regs = [] {
+        CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, true, true>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return ready_kernel(combine_send_kernel<NVL, TY, TX, N, true, true>, NTHREADS);
+      }();
+      combine_send_kernel<NVL, TY, TX, N, true, true><<<blocks, NTHREADS, smem, s>>>(p, yp, w, typed<TY>(*rs));
+      return async_regs;
+    }
+  }
   if (rs) {
     static const int fused_regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, true>, NTHREADS);
     combine_send_kernel<NVL, TY, TX, N, true><<<blocks, NTHREADS, 0, s>>>(p, yp, w, typed<TY>(*rs));
