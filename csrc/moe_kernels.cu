@@ -35,7 +35,7 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
-  int comb_async;  // fused combine send with cp.async-pipelined row loads (A/B experiment)
+  int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
@@ -756,10 +756,12 @@ template <typename T, int N>
 constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 
-// Pipelined row sums (experiment, MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=1): the row loads go to
-// shared memory by cp.async, ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a
-// warp keeps ~3x the bytes of sum_rows in flight without the registers (the combine send is
-// bound by its row reads' latency when few SMs run it).
+// Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
+// MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
+// ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a warp keeps ~3x the bytes of
+// sum_rows in flight without the registers. Prefill combine 240 -> 230 us; with 24 SMs slower
+// (723 -> 754 us; probably each byte's extra trip through shared memory, once the SMs rather than
+// the latency are the limit).
 constexpr int ASYNC_STAGES = 3;
 template <typename T, int N>
 constexpr int vec_pieces() { return N * (int)sizeof(T) / 16; }  // 16-byte pieces of one chunk
@@ -1179,7 +1181,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, attr.device));
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
-  p->comb_async = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", false, true);
+  // Pipelined (cp.async) row loads in the fused combine send: measured faster with the whole
+  // GPU (prefill 240 -> 230 us), slower with 24 SMs (723 -> 754 us); "0" / "1" force it.
+  p->comb_async = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", 2 * p->num_sms > dev_sms, true);
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&

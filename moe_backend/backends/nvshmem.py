@@ -27,7 +27,9 @@ it) concurrently, for arenas of at most 1024 source tokens (measured faster ther
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
 For arenas of more than 4096 source tokens `combine_send` launches one fused kernel on the
 side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0`
-turns it off; `=1` uses it for every arena past the overlap limit).
+turns it off; `=1` uses it for every arena past the overlap limit). With more than half the
+GPU (`num_sms`) its send pipelines the expert-row loads through shared memory (cp.async;
+`MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1` forces it off / on).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra

@@ -94,7 +94,9 @@ def _contract_with_fused_combine(seed, count):
 def test_contract_suite_with_few_sms():
     """Kernels sized for 4 SMs (backend option num_sms): the same results; at G*M = 2200 the
     plan's chunks exceed 256 tokens, and the receive still overlaps the send (the grids use
-    at most half the GPU), in rounds and CUDA-graph replays too."""
+    at most half the GPU), in rounds and CUDA-graph replays too. Those rounds force the fused
+    combine, which with at most half the GPU sums its rows without the cp.async pipeline (the
+    fused test covers the pipelined sums: the default with the whole GPU)."""
     print(f"seed={SEED}")
     launch.spawn(_contract_with_few_sms, WORLD, SEED + 4, max(4, COUNT // 3), dist_backend="nccl",
                  timeout=90 * WORLD)
@@ -102,6 +104,7 @@ def test_contract_suite_with_few_sms():
 
 def _contract_with_few_sms(seed, count):
     _workers.contract_worker(seed, count, ("put", "nvlink"), num_sms=4)
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_FUSED"] = "1"  # read when an arena is created
     _workers.rounds_worker(seed, "nvlink", 6, tokens=1100, num_sms=4)
     _workers.graph_worker(seed, "nvlink", 3, tokens=1100, num_sms=4)
 
