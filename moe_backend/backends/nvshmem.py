@@ -4,8 +4,10 @@ Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symme
 memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,
 default 10 s), `sync_check` (synchronise the stream after each receive and raise a timeout
 at once; for tests and debugging: it is a host sync), `num_sms` (SMs the kernels size their
-grids for, default every SM: fewer leaves the rest to concurrent compute), `send_stream`
-(see Overlap below).
+grids for, default every SM: fewer leaves the rest to concurrent compute; the grids then hold
+num_sms SMs' worth of threads: at most num_sms blocks of the plan, copy and combine kernels and
+3 * num_sms 128-thread dispatch-send blocks, which the hardware may place on more SMs than
+num_sms), `send_stream` (see Overlap below).
 
 Errors: a timed-out wait records (phase, peer rank) in pinned host memory and the kernel
 exits. The backend checks that word, without any device sync, at the start of every op and
