@@ -19,7 +19,7 @@ for variant in "$@"; do
   i=$((i + 1))
   env=()
   [ "$variant" = base ] || IFS=, read -r -a env <<< "$variant"
-  name="bench_${i}_${variant//[^A-Za-z0-9=_]/_}"
+  name="bench_${i}_${variant//[^A-Za-z0-9_]/_}"  # no "=": the device tool does not return such names
   env "${env[@]}" "$PYTHON" -m moe_backend.cli bench --config "$bench_preset" --backend nvshmem ${AB_BENCH_ARGS:-} \
     --out "$out/$name.json" > "$out/$name.log" 2>&1
   "$PYTHON" - "$out/$name.json" "$variant" >> "$out/ab.txt" <<'PY'
