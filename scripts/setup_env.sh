@@ -8,9 +8,11 @@ PYTHON=${PYTHON:-python3.12}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q --retries 10 --upgrade pip
+# A dropped connection resumes the download (torch's wheel is ~550 MB) instead of failing.
+PIP_NET=(--retries 10 --resume-retries 20)
 # torch first: the extension's build imports it (we build with --no-build-isolation).
-.venv/bin/python -m pip install -q "torch<=2.14.1" pyyaml numpy setuptools wheel
+.venv/bin/python -m pip install -q "${PIP_NET[@]}" "torch<=2.14.1" pyyaml numpy setuptools wheel
 if [ -z "${CUDA_HOME:-}" ] && command -v nvcc >/dev/null; then
   # nvcc may be a wrapper script; ask it where its toolkit lives.
   CUDA_HOME=$(nvcc --dryrun -c /dev/null -x cu 2>&1 | sed -n 's/^#\$ TOP=\(.*\)\/bin\/\.\.$/\1/p' | head -n1)
@@ -24,6 +26,6 @@ fi
 stamp=.venv/.moe_backend_build_stamp
 inputs=$(cat setup.py csrc/* 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
-  .venv/bin/python -m pip install -q --no-build-isolation -e ".[test,megatron,nvshmem]"
+  .venv/bin/python -m pip install -q "${PIP_NET[@]}" --no-build-isolation -e ".[test,megatron,nvshmem]"
   echo "$inputs" > "$stamp"
 fi
