@@ -717,6 +717,24 @@ __device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
 // acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
 // without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
 // chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
+// acc += (w *) row, chunk by chunk, element by element: the one place the contract's add
+// (float32, no FMA) is written; ws = nullptr: unweighted.
+template <typename T, int N, int C>
+__device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&raw)[C], const float* ws, int j) {
+  if (ws) {
+    const float wj = ws[j];
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw[c].v[i])));
+  } else {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], to_f<T>(raw[c].v[i]));
+  }
+}
+
 template <typename T, int N, int C, int RB>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
@@ -732,22 +750,8 @@ __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, 
       for (int c = 0; c < C; ++c)
         if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
 #pragma unroll
-    for (int r = 0; r < RB; ++r) {
-      if (j0 + r < nk) {
-        if (ws) {
-          const float wj = ws[j0 + r];
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-#pragma unroll
-            for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw[r][c].v[i])));
-        } else {
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-#pragma unroll
-            for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], to_f<T>(raw[r][c].v[i]));
-        }
-      }
-    }
+    for (int r = 0; r < RB; ++r)
+      if (j0 + r < nk) add_row<T, N, C>(acc, raw[r], ws, j0 + r);
   }
 }
 
@@ -825,16 +829,12 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
       if (j0 + r < nk) {
-        const float wj = ws ? ws[j0 + r] : 1.0f;
+        VecT<T, N> raw[C];
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-          VecT<T, N> raw;
+        for (int c = 0; c < C; ++c)
 #pragma unroll
-          for (int pc = 0; pc < P; ++pc) reinterpret_cast<int4*>(&raw)[pc] = st[((r * C + c) * P + pc) * 32 + lane];
-#pragma unroll
-          for (int i = 0; i < N; ++i)
-            acc[c][i] = ws ? __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw.v[i]))) : __fadd_rn(acc[c][i], to_f<T>(raw.v[i]));
-        }
+          for (int pc = 0; pc < P; ++pc) reinterpret_cast<int4*>(&raw[c])[pc] = st[((r * C + c) * P + pc) * 32 + lane];
+        add_row<T, N, C>(acc, raw, ws, j0 + r);
       }
     }
     if (b == nb - 1) emit(hl + s * 32 * N * C, acc);
@@ -1146,6 +1146,8 @@ static bool env_switch(const char* name, bool dflt, bool can_force = false) {
   return dflt;
 }
 
+int64_t num_sms(int64_t device);
+
 int64_t create_ctx(std::vector<int64_t> c) {
   TORCH_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
@@ -1177,8 +1179,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
   cudaPointerAttributes attr{};
   CUDA_OK(cudaPointerGetAttributes(&attr, p->sym));
-  int dev_sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&dev_sms, cudaDevAttrMultiProcessorCount, attr.device));
+  const int dev_sms = (int)num_sms(attr.device);
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
   // Pipelined (cp.async) row loads in the fused combine send: measured faster with the whole
@@ -1363,32 +1364,35 @@ static int ready_kernel(K kernel, int threads) {
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
 }
 
-// Launches the combine send (fused with the receive when `rs` is given); returns the
-// registers one of its blocks takes.
+// One combine-send variant: sets its attributes on first use (the pipelined variant's dynamic
+// shared memory) and returns the registers one of its blocks takes.
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC>
+static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
+                               cudaStream_t s) {
+  constexpr int smem = ASYNC ? NWARPS * async_warp_int4s<TY, N>() * 16 : 0;
+  static const int regs = [] {
+    if (smem)
+      CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>, NTHREADS);
+  }();
+  combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
+  return regs;
+}
+
+// Launches the combine send (fused with the receive when `rs` is given, with pipelined row
+// loads when p.comb_async and the chunks are 16-byte vectors); returns the registers one of
+// its blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   const TY* yp = reinterpret_cast<const TY*>(y);
-  if constexpr (vec_pieces<TY, N>() >= 1 && N * sizeof(TY) % 16 == 0) {
-    if (rs && p.comb_async && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
-      constexpr int smem = NWARPS * async_warp_int4s<TY, N>() * 16;
-      static const int async_regs = [] {
-        CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, true, true>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        return ready_kernel(combine_send_kernel<NVL, TY, TX, N, true, true>, NTHREADS);
-      }();
-      combine_send_kernel<NVL, TY, TX, N, true, true><<<blocks, NTHREADS, smem, s>>>(p, yp, w, typed<TY>(*rs));
-      return async_regs;
-    }
+  if (!rs) return launch_send_variant<NVL, TY, TX, N, false, false>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+  if constexpr (N * sizeof(TY) % 16 == 0) {
+    if (p.comb_async && reinterpret_cast<uintptr_t>(y) % 16 == 0)
+      return launch_send_variant<NVL, TY, TX, N, true, true>(p, yp, w, typed<TY>(*rs), blocks, s);
   }
-  if (rs) {
-    static const int fused_regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, true>, NTHREADS);
-    combine_send_kernel<NVL, TY, TX, N, true><<<blocks, NTHREADS, 0, s>>>(p, yp, w, typed<TY>(*rs));
-    return fused_regs;
-  }
-  static const int regs = ready_kernel(combine_send_kernel<NVL, TY, TX, N, false>, NTHREADS);
-  combine_send_kernel<NVL, TY, TX, N, false><<<blocks, NTHREADS, 0, s>>>(p, yp, w, RecvArgs<TY>{});
-  return regs;
+  return launch_send_variant<NVL, TY, TX, N, true, false>(p, yp, w, typed<TY>(*rs), blocks, s);
 }
 
 template <bool NVL, typename TY, typename TX>
