@@ -1146,6 +1146,12 @@ static bool env_switch(const char* name, bool dflt, bool can_force = false) {
   return dflt;
 }
 
+// Experiment knobs (branch exp/round12): an integer read once from the environment.
+static int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+
 int64_t num_sms(int64_t device);
 
 int64_t create_ctx(std::vector<int64_t> c) {
@@ -1250,7 +1256,9 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
   const long long toks = (long long)p.G * p.M;
-  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
+  static const int copy_blocks = env_int("MOE_BACKEND_NVSHMEM_COPY_BLOCKS", 0);
+  long long cmax = copy_blocks > 0 ? std::min<long long>(copy_blocks, p.num_sms) : p.num_sms;
+  int cblocks = (int)std::max(1LL, std::min<long long>(cmax, (toks + NWARPS - 1) / NWARPS));
   dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
       reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
@@ -1306,7 +1314,8 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   }
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
+  static const int send_per_sm = std::max(1, std::min(4, env_int("MOE_BACKEND_NVSHMEM_SEND_BLOCKS", SEND_BLOCKS_PER_SM)));
+  int blocks = std::max(1, std::min(send_per_sm * p.num_sms, per_replica));
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const int* ip = ids.data_ptr<int>();
   const float* wp = w ? w->data_ptr<float>() : nullptr;
@@ -1616,6 +1625,50 @@ void ping(at::Tensor err, int64_t flags, std::vector<int64_t> peers, int64_t ran
   CUDA_OK(cudaGetLastError());
 }
 
+
+// SM-driven memory rates (benchmark only, moe_backend/sm_ceilings.py): `blocks` blocks of
+// 1024 threads, at most one per SM, stream n16 16-byte words. Mode 0 stores to dst (this
+// GPU's memory, or a peer's over NVLink), mode 1 loads from src and leaves one word per block
+// in dst (so the loads are kept). PROBE_UNROLL words in flight per thread.
+constexpr int PROBE_THREADS = 1024, PROBE_UNROLL = 8;
+__global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst, const int4* __restrict__ src,
+                                                                    long long n16, int mode) {
+  const long long step = (long long)PROBE_THREADS * PROBE_UNROLL;
+  const long long stride = (long long)gridDim.x * step;
+  if (mode == 0) {
+    const int4 v = make_int4((int)blockIdx.x, (int)threadIdx.x, 1, 2);
+    for (long long i = blockIdx.x * step + threadIdx.x; i < n16; i += stride)
+#pragma unroll
+      for (int u = 0; u < PROBE_UNROLL; ++u)
+        if (i + u * PROBE_THREADS < n16) dst[i + u * PROBE_THREADS] = v;
+    return;
+  }
+  int acc = 0;
+  for (long long i = blockIdx.x * step + threadIdx.x; i < n16; i += stride) {
+    int4 v[PROBE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u)
+      v[u] = i + u * PROBE_THREADS < n16 ? __ldcg(src + i + u * PROBE_THREADS) : make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0) atomicXor(reinterpret_cast<int*>(dst + blockIdx.x), acc);
+}
+
+void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
+  TORCH_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
+  TORCH_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
+  TORCH_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
+              blocks);
+  TORCH_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
+              "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
+  c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
+  rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
+  CUDA_OK(cudaGetLastError());
+}
+
 }  // namespace moe
 
 TORCH_LIBRARY(moe_backend, m) {
@@ -1638,6 +1691,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("peer_ptr(int ptr, int pe) -> int", moe::peer_ptr);
   m.def("barrier_all() -> ()", moe::barrier_all);
   m.def("num_sms(int device) -> int", moe::num_sms);
+  m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import bench as benchmod
-from . import latency_floor
+from . import latency_floor, sm_ceilings
 from .backends import nvshmem_available
 from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import init_process_group, spawn, under_torchrun
@@ -88,11 +88,14 @@ def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot:
     reports = []
     copy_rate = benchmod.measure_copy_rate()
     memory_rates = benchmod.measure_local_memory_rates()
-    floor = latency_floor.measure(benchmod.bench_device()) if backend in ("all", "nvshmem", "auto") else None
+    gpu_kernels = backend in ("all", "nvshmem", "auto")
+    floor = latency_floor.measure(benchmod.bench_device()) if gpu_kernels else None
+    ceilings = sm_ceilings.measure(benchmod.bench_device(), sms or ()) if gpu_kernels else None
     for preset in presets:
         report = benchmod.run(preset, backend, say, copy_rate, sms or ())
         report["latency_floor_us"] = floor
         report["local_memory_gbps"] = memory_rates
+        report["sm_ceilings_gbps"] = ceilings
         benchmod.add_ratios(report)
         reports.append(report)
         say("\n" + benchmod.format_table(report))

@@ -124,6 +124,33 @@ def _latency_floor():
     assert all(0 < v["p10"] <= v["median"] <= v["p90"] for v in floor.values()), floor
 
 
+def test_sm_ceilings_probe():
+    """The benchmark's SM-count ceilings (moe_backend/sm_ceilings.py): every rate is positive,
+    fewer SMs are not faster than the whole GPU, and the store probe really writes (the bytes it
+    stores to a local buffer are the pattern, not what was there)."""
+    launch.spawn(_sm_ceilings, WORLD, dist_backend="nccl", timeout=60 * WORLD)
+
+
+def _sm_ceilings():
+    from moe_backend import sm_ceilings
+    from moe_backend.backends import nvshmem_runtime as rt
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    got = sm_ceilings.measure(device, [24], iters=3)
+    assert got is not None and [e["sms"] for e in got.values()][-1] == 24, got
+    whole, few = got.values()
+    for entry in got.values():
+        assert all(entry[k] > 0 for k in ("load", "store", "nvlink_store")), got
+    assert few["load"] <= whole["load"] * 1.1 and few["nvlink_store"] <= whole["nvlink_store"] * 1.1, got
+    o = rt.ops()
+    dst = torch.full((1 << 20,), -1, dtype=torch.int32, device=device)
+    o.rate_probe(dst.data_ptr(), 0, dst.numel() * 4, 0, 3, device.index)
+    words = dst.view(-1, 4).cpu()
+    assert bool((words[:, 2] == 1).all() and (words[:, 3] == 2).all()), words[:4]
+    with pytest.raises(RuntimeError, match="mode must be"):
+        o.rate_probe(dst.data_ptr(), 0, 64, 2, 1, device.index)
+
+
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
 def test_rounds_shared_arena_and_graph(transport):
     print(f"seed={SEED}")
