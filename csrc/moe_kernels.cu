@@ -1146,12 +1146,6 @@ static bool env_switch(const char* name, bool dflt, bool can_force = false) {
   return dflt;
 }
 
-// Experiment knobs (branch exp/round12): an integer read once from the environment.
-static int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-
 int64_t num_sms(int64_t device);
 
 int64_t create_ctx(std::vector<int64_t> c) {
@@ -1256,9 +1250,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
   const long long toks = (long long)p.G * p.M;
-  static const int copy_blocks = env_int("MOE_BACKEND_NVSHMEM_COPY_BLOCKS", 0);
-  long long cmax = copy_blocks > 0 ? std::min<long long>(copy_blocks, p.num_sms) : p.num_sms;
-  int cblocks = (int)std::max(1LL, std::min<long long>(cmax, (toks + NWARPS - 1) / NWARPS));
+  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
   dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
       reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
@@ -1314,8 +1306,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   }
   const int rows = x.size(0);
   const int per_replica = (p.M + p.tp - 1) / p.tp;
-  static const int send_per_sm = std::max(1, std::min(4, env_int("MOE_BACKEND_NVSHMEM_SEND_BLOCKS", SEND_BLOCKS_PER_SM)));
-  int blocks = std::max(1, std::min(send_per_sm * p.num_sms, per_replica));
+  int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const int* ip = ids.data_ptr<int>();
   const float* wp = w ? w->data_ptr<float>() : nullptr;
