@@ -1069,6 +1069,22 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
 
 // ---------------------------------------------------------------------------------------
 // Host side
+
+// TORCH_CHECK messages with numbers are built here, each number by std::to_string, and passed
+// as one string. On the GPU machine (torch 2.11) a TORCH_CHECK that streamed an integer into
+// its message crashed the process (SIGSEGV) instead of raising; messages of strings only
+// raised (round 12, results/gpu/2026-11-30-round12-ab).
+static void add_part(std::string& s, const char* v) { s += v; }
+static void add_part(std::string& s, const std::string& v) { s += v; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+static void add_part(std::string& s, T v) { s += std::to_string(v); }
+template <typename... A>
+static std::string msg(const A&... parts) {
+  std::string s;
+  (add_part(s, parts), ...);
+  return s;
+}
+
 #define CUDA_OK(x)                                                                        \
   do {                                                                                    \
     cudaError_t e_ = (x);                                                                 \
@@ -1226,7 +1242,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
                                                     cudaStream_t stream) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
-  TORCH_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
+  TORCH_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, msg("dispatch_recv: bad dtype code ", in_dtype_code));
   at::Tensor tokens = at::empty({R, p.H}, dev.dtype(codes[in_dtype_code]));
   at::Tensor scales = at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat));
   at::Tensor weights = at::empty({weighted ? R : 0}, dev.dtype(at::kFloat));
@@ -1548,7 +1564,7 @@ int64_t my_pe() { return nvshmem_my_pe(); }
 int64_t n_pes() { return nvshmem_n_pes(); }
 int64_t sym_malloc(int64_t bytes) {
   void* ptr = nvshmem_malloc((size_t)bytes);
-  TORCH_CHECK(ptr != nullptr, "nvshmem_malloc(", bytes, ") failed");
+  TORCH_CHECK(ptr != nullptr, msg("nvshmem_malloc(", bytes, ") failed"));
   CUDA_OK(cudaMemset(ptr, 0, (size_t)bytes));
   CUDA_OK(cudaDeviceSynchronize());
   nvshmem_barrier_all();
@@ -1593,14 +1609,14 @@ __global__ void ping_kernel(unsigned long long* flags, PingPeers peers, int W, i
 
 void ping(at::Tensor err, int64_t flags, std::vector<int64_t> peers, int64_t rank, int64_t round, int64_t launches,
           int64_t timeout_ns) {
-  TORCH_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, "ping: 1..", MAXW, " peers, got ", peers.size());
-  TORCH_CHECK(launches == 1 || launches == 2, "ping: launches must be 1 or 2, got ", launches);
+  TORCH_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, msg("ping: 1..", MAXW, " peers, got ", peers.size()));
+  TORCH_CHECK(launches == 1 || launches == 2, msg("ping: launches must be 1 or 2, got ", launches));
   TORCH_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1, "ping: err must be a CUDA int32 tensor");
   c10::cuda::CUDAGuard guard(err.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   PingPeers pp{};
   for (size_t r = 0; r < peers.size(); ++r) {
-    TORCH_CHECK(peers[r] != 0, "ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)");
+    TORCH_CHECK(peers[r] != 0, msg("ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)"));
     pp.p[r] = reinterpret_cast<unsigned long long*>(peers[r]);
   }
   auto* f = reinterpret_cast<unsigned long long*>(flags);
@@ -1648,10 +1664,11 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst,
 }
 
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  TORCH_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
-  TORCH_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
-  TORCH_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
-              blocks);
+  TORCH_CHECK(mode == 0 || mode == 1, msg("rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode));
+  TORCH_CHECK(nbytes > 0 && nbytes % 16 == 0,
+              msg("rate_probe: nbytes must be a positive multiple of 16, got ", nbytes));
+  TORCH_CHECK(blocks >= 1 && blocks <= num_sms(device),
+              msg("rate_probe: blocks must be 1..", num_sms(device), ", got ", blocks));
   TORCH_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
               "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);

@@ -37,3 +37,17 @@ def test_extension_built_and_registers_ops():
         pytest.skip(f"built ({so[0]}) but not loadable here: {err}")
     for op in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"):
         assert hasattr(torch.ops.moe_backend, op)
+
+
+def test_extension_errors_raise_with_their_numbers():
+    """A bad argument to a native op raises RuntimeError naming the value; it does not kill the
+    process (messages with numbers once crashed it on the GPU machine: csrc msg())."""
+    try:
+        import moe_backend._C  # noqa: F401
+    except ImportError as err:
+        pytest.skip(f"extension not loadable here: {err}")
+    probe = torch.ops.moe_backend.rate_probe  # no dispatch key: runs its checks on any machine
+    with pytest.raises(RuntimeError, match="mode must be 0 .stores. or 1 .loads., got 7"):
+        probe(16, 0, 64, 7, 1, 0)
+    with pytest.raises(RuntimeError, match="nbytes must be a positive multiple of 16, got 60"):
+        probe(16, 0, 60, 0, 1, 0)

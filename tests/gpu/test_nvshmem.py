@@ -147,6 +147,12 @@ def _sm_ceilings():
     o.rate_probe(dst.data_ptr(), 0, dst.numel() * 4, 0, 3, device.index)
     words = dst.view(-1, 4).cpu()
     assert bool((words[:, 2] == 1).all() and (words[:, 3] == 2).all()), words[:4]
+    # A bad argument raises, with the number in the message (this crashed the process before
+    # the numbers were formatted by msg() in csrc/moe_kernels.cu).
+    with pytest.raises(RuntimeError, match="mode must be 0 .stores. or 1 .loads., got 2"):
+        o.rate_probe(dst.data_ptr(), 0, 64, 2, 1, device.index)
+    with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):
+        o.ping(torch.zeros(1, dtype=torch.int32, device=device), dst.data_ptr(), [dst.data_ptr()], 0, 1, 3, 1000)
 
 
 @pytest.mark.parametrize("transport", ["put", "nvlink"])
