@@ -178,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
     b.add_argument("--sms", type=int, nargs="+", metavar="N",
-                   help="also time nvshmem-nvlink with its kernels sized for only N SMs (rows nvshmem-nvlink-<N>sm)")
+                   help="also time nvshmem-nvlink with its kernels sized for only N SMs (rows nvshmem-nvlink-<N>sm), "
+                        "and measure what N SMs can load, store and store over NVLink")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("selftest", help="run the contract checks across processes")
