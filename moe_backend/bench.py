@@ -65,6 +65,22 @@ def barrier(device: torch.device, flag: torch.Tensor) -> None:
         dist.barrier()
 
 
+def time_after_barrier(device: torch.device, op: Callable[[], Any], iters: int, warmup: int) -> dict[str, float]:
+    """p10 / median / p90 us of `op` on this rank, each call timed like the ops (barrier first,
+    then CUDA events around it). Collective: call on every rank."""
+    clock, flag = Clock(device), torch.ones(1, device=device)
+    samples = []
+    for i in range(warmup + iters):
+        barrier(device, flag)
+        m0 = clock.mark()
+        op()
+        m1 = clock.mark()
+        if i >= warmup:
+            clock.sync()
+            samples.append(clock.elapsed_us(m0, m1))
+    return stats(samples)
+
+
 def stats(samples: list[float]) -> dict[str, float]:
     t = torch.tensor(samples, dtype=torch.float64)
     q = torch.quantile(t, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
@@ -140,7 +156,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     host_stats = max_over_ranks({p: stats(s) for p, s in host.items()})
     moved = bytes_across(spec, ids)
     total = {k: 0 for k in moved}
-    for rank_bytes in _gather(moved):
+    for rank_bytes in gather_objects(moved):
         for k, v in rank_bytes.items():
             total[k] = max(total[k], v)
     return {"phases": result_stats, "host_us": host_stats, "bytes_across_max_rank": total}
@@ -222,7 +238,7 @@ def overlap_row(comm: Communicator, name: str, options: dict[str, Any], n: int, 
         split.close()
 
 
-def _gather(obj: Any) -> list[Any]:
+def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -247,7 +263,7 @@ def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.devi
     return max_over_ranks({"all_to_all": stats(samples)})["all_to_all"]
 
 
-def _median_seconds(op: Callable[[], Any], iters: int) -> float:
+def median_seconds(op: Callable[[], Any], iters: int) -> float:
     """Median time of `op` on the current device (CUDA events), after 3 untimed calls."""
     for _ in range(3):
         op()
@@ -271,7 +287,7 @@ def copy_rate_gbps(nbytes: int = 1 << 30, iters: int = 20) -> float | None:
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
     with torch.cuda.device(0):
-        return nbytes / _median_seconds(lambda: dst.copy_(src), iters) / 1e9
+        return nbytes / median_seconds(lambda: dst.copy_(src), iters) / 1e9
 
 
 def local_memory_rates_gbps(nbytes: int = 1 << 30, iters: int = 20) -> dict[str, float] | None:
@@ -286,10 +302,10 @@ def local_memory_rates_gbps(nbytes: int = 1 << 30, iters: int = 20) -> dict[str,
     rows = src[: nbytes // copies].view(-1, row)
     order = torch.arange(rows.shape[0], device="cuda").repeat_interleave(copies)  # repeats read from L2
     out = dst.view(-1, row)
-    return {"copy": 2 * nbytes / _median_seconds(lambda: dst.copy_(src), iters) / 1e9,
-            "write": nbytes / _median_seconds(lambda: dst.fill_(7), iters) / 1e9,
+    return {"copy": 2 * nbytes / median_seconds(lambda: dst.copy_(src), iters) / 1e9,
+            "write": nbytes / median_seconds(lambda: dst.fill_(7), iters) / 1e9,
             "replicate_x4": (nbytes + nbytes // copies)
-            / _median_seconds(lambda: torch.index_select(rows, 0, order, out=out), iters) / 1e9}
+            / median_seconds(lambda: torch.index_select(rows, 0, order, out=out), iters) / 1e9}
 
 
 def backends_to_run(requested: str, device: torch.device,
@@ -316,12 +332,12 @@ def bench_device() -> torch.device:
 
 def measure_copy_rate() -> float | None:
     """The GPU-to-GPU ceiling, measured once per run before any backend is set up."""
-    return _gather(copy_rate_gbps())[0] if bench_device().type == "cuda" else None
+    return gather_objects(copy_rate_gbps())[0] if bench_device().type == "cuda" else None
 
 
 def measure_local_memory_rates() -> dict[str, float] | None:
     """The within-GPU memory ceilings (rank 0's GPU), measured once per run."""
-    return _gather(local_memory_rates_gbps())[0] if bench_device().type == "cuda" else None
+    return gather_objects(local_memory_rates_gbps())[0] if bench_device().type == "cuda" else None
 
 
 def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy_rate: float | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .bench import Clock, barrier, max_over_ranks, stats
+from .bench import max_over_ranks, time_after_barrier
 
 VARIANTS = {"1_launch": 1, "2_launches": 2}
 
@@ -27,42 +27,18 @@ def measure(device: torch.device, iters: int = 200, warmup: int = 10,
         return None
     from .backends import nvshmem_runtime as rt
 
-    pes = rt.ensure_initialised(None, device)
-    o = rt.ops()
-    flags = int(o.sym_malloc(8 * len(pes)))  # collective; zeroed
-    try:
-        peers = [int(o.peer_ptr(flags, pe)) for pe in pes]
-        reachable = torch.tensor([1 if all(peers) else 0], device=device)
-        dist.all_reduce(reachable, op=dist.ReduceOp.MIN)
-        if not reachable.item():
+    world = dist.get_world_size()
+    with rt.peer_scratch(device, 8 * world) as (flags, peers):  # zeroed: one flag per sender
+        if peers is None:
             return None
-        return _time(o, device, flags, peers, iters, warmup, int(timeout_s * 1e9))
-    finally:
+        o, rank = rt.ops(), dist.get_rank()
+        err = torch.zeros(1, dtype=torch.int32, device=device)
+        rounds = iter(range(1, 1 << 62))
+        per_variant = {
+            name: time_after_barrier(device, lambda n=launches: o.ping(err, flags, peers, rank, next(rounds), n,
+                                                                       int(timeout_s * 1e9)), iters, warmup)
+            for name, launches in VARIANTS.items()}
         torch.cuda.synchronize(device)
-        dist.barrier()
-        o.sym_free(flags)  # collective
-
-
-def _time(o, device: torch.device, flags: int, peers: list[int], iters: int, warmup: int,
-          timeout_ns: int) -> dict[str, dict[str, float]]:
-    clock, rank = Clock(device), dist.get_rank()
-    flag = torch.ones(1, device=device)
-    err = torch.zeros(1, dtype=torch.int32, device=device)
-    round_ = 0
-    per_variant = {}
-    for name, launches in VARIANTS.items():
-        samples = []
-        for i in range(warmup + iters):
-            barrier(device, flag)
-            round_ += 1
-            m0 = clock.mark()
-            o.ping(err, flags, peers, rank, round_, launches, timeout_ns)
-            m1 = clock.mark()
-            if i >= warmup:
-                clock.sync()
-                samples.append(clock.elapsed_us(m0, m1))
-        per_variant[name] = stats(samples)
-    torch.cuda.synchronize(device)
-    if int(err.item()):
-        raise RuntimeError("latency floor: a peer's store never arrived (timeout)")
-    return max_over_ranks(per_variant)
+        if int(err.item()):
+            raise RuntimeError("latency floor: a peer's store never arrived (timeout)")
+        return max_over_ranks(per_variant)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .bench import _median_seconds, barrier, stats
+from .bench import gather_objects, max_over_ranks, median_seconds, time_after_barrier
 
 LOCAL_BYTES = 1 << 30
 PEER_BYTES = 64 << 20
@@ -22,64 +22,42 @@ PEER_BYTES = 64 << 20
 def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: int = 10) -> dict[str, dict] | None:
     """{"<n>_sms": {"sms": n, "load": GB/s, "store": GB/s, "nvlink_store": GB/s}} for every
     SM count in `sms` and the whole GPU; local rates from rank 0's GPU, the NVLink rate from
-    the slowest rank. None where it cannot run. Collective: call on every rank."""
+    the slowest rank (absent where a peer is not reachable). None where it cannot run.
+    Collective: call on every rank."""
     from .backends import nvshmem_available
 
     if device.type != "cuda" or not nvshmem_available()[0]:
         return None
     from .backends import nvshmem_runtime as rt
 
-    pes = rt.ensure_initialised(None, device)
     o = rt.ops()
     total = int(o.num_sms(device.index))
     counts = sorted({total, *(n for n in sms if 0 < n < total)}, reverse=True)
-    rank = dist.get_rank()
-    peer = pes[(pes.index(rank) + 1) % len(pes)] if rank in pes else pes[0]
-    buf = int(o.sym_malloc(PEER_BYTES))  # collective
-    try:
-        target = int(o.peer_ptr(buf, peer))
-        reachable = torch.tensor([1 if target and len(pes) > 1 else 0], device=device)
-        dist.all_reduce(reachable, op=dist.ReduceOp.MIN)
+    local = gather_objects(_local_rates(o, device, counts, iters) if dist.get_rank() == 0 else None)[0]
+    with rt.peer_scratch(device, PEER_BYTES) as (_, peers):
         result = {}
         for n in counts:
-            rates = _local_rates(o, device, n, iters) if rank == 0 else {}
-            if reachable.item():
-                rates["nvlink_store"] = _peer_store_rate(o, device, target, n, iters)
-            result[f"{n}_sms"] = {"sms": n, **rates}
-        gathered: list[dict] = [{}] * dist.get_world_size()
-        dist.all_gather_object(gathered, result)
-        for key, entry in result.items():  # the local rates are rank 0's; the link the slowest rank's
-            entry.update(gathered[0][key])
-            links = [g[key]["nvlink_store"] for g in gathered if "nvlink_store" in g.get(key, {})]
-            if links:
-                entry["nvlink_store"] = min(links)
+            entry = {"sms": n, **local[n]}
+            if peers is not None and len(peers) > 1:
+                target = peers[(dist.get_rank() + 1) % len(peers)]
+                def store(target: int = target, n: int = n) -> None:
+                    o.rate_probe(target, 0, PEER_BYTES, 0, n, device.index)
+
+                slowest = max_over_ranks({"t": time_after_barrier(device, store, iters, 3)})["t"]
+                entry["nvlink_store"] = PEER_BYTES / slowest["median"] / 1e3
+            result[f"{n}_sms"] = entry
         return result
-    finally:
-        torch.cuda.synchronize(device)
-        dist.barrier()
-        o.sym_free(buf)  # collective
 
 
-def _local_rates(o, device: torch.device, blocks: int, iters: int) -> dict[str, float]:
+def _local_rates(o, device: torch.device, counts: list[int], iters: int) -> dict[int, dict[str, float]]:
+    """Load and store GB/s of this GPU's memory for each SM count."""
     src = torch.randint(0, 255, (LOCAL_BYTES,), dtype=torch.uint8, device=device)
     dst = torch.empty(LOCAL_BYTES, dtype=torch.uint8, device=device)
-    sink = torch.zeros(blocks * 16, dtype=torch.uint8, device=device)
+    sink = torch.zeros(max(counts) * 16, dtype=torch.uint8, device=device)  # one word per block
     d, s, k, i = dst.data_ptr(), src.data_ptr(), sink.data_ptr(), device.index
-    return {"load": LOCAL_BYTES / _median_seconds(lambda: o.rate_probe(k, s, LOCAL_BYTES, 1, blocks, i), iters) / 1e9,
-            "store": LOCAL_BYTES / _median_seconds(lambda: o.rate_probe(d, 0, LOCAL_BYTES, 0, blocks, i), iters) / 1e9}
-
-
-def _peer_store_rate(o, device: torch.device, target: int, blocks: int, iters: int) -> float:
-    """Every rank stores PEER_BYTES into the next rank's buffer at once; GB/s one way."""
-    flag = torch.ones(1, device=device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for i in range(iters + 3):
-        barrier(device, flag)
-        start.record()
-        o.rate_probe(target, 0, PEER_BYTES, 0, blocks, device.index)
-        end.record()
-        end.synchronize()
-        if i >= 3:
-            samples.append(start.elapsed_time(end) / 1e3)
-    return PEER_BYTES / stats(samples)["median"] / 1e9
+    rates = {}
+    for n in counts:
+        load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 1, n, i), iters)
+        store = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 0, n, i), iters)
+        rates[n] = {"load": LOCAL_BYTES / load / 1e9, "store": LOCAL_BYTES / store / 1e9}
+    return rates

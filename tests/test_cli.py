@@ -111,3 +111,24 @@ def test_table_and_plot_show_the_latency_floor_and_memory_rates(tmp_path) -> Non
     png = tmp_path / "p.png"
     why = plot_latency([report], png)
     assert why is not None or png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_after_barrier_times_every_measured_call() -> None:
+    """The probes' shared timing loop: warm-up calls untimed, one sample per measured call,
+    ordered quantiles, on every rank (gloo: host clock)."""
+    from moe_backend import launch
+
+    launch.spawn(_time_after_barrier, 2, dist_backend="gloo", timeout=60)
+
+
+def _time_after_barrier() -> None:
+    import time
+
+    import torch
+
+    from moe_backend.bench import time_after_barrier
+
+    calls = []
+    got = time_after_barrier(torch.device("cpu"), lambda: (calls.append(1), time.sleep(0.002)), 5, 2)
+    assert len(calls) == 7, calls
+    assert 2000 <= got["p10"] <= got["median"] <= got["p90"] < 1e6, got

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -203,6 +205,25 @@ def ensure_initialised(group: dist.ProcessGroup | None, device: torch.device) ->
                 "(create the first nvshmem communicator on the largest group)"
             )
         return [base.index(r) for r in ranks]
+
+
+@contextmanager
+def peer_scratch(device: torch.device, nbytes: int) -> Iterator[tuple[int, list[int] | None]]:
+    """A zeroed symmetric buffer of `nbytes` for the benchmark's probes: (its local address, its
+    address at every PE in rank order, or None where some rank cannot reach some peer through
+    nvshmem_ptr). Collective on entry and exit (every rank of the world)."""
+    pes = ensure_initialised(None, device)
+    o = ops()
+    buf = int(o.sym_malloc(nbytes))  # collective
+    try:
+        peers = [int(o.peer_ptr(buf, pe)) for pe in pes]
+        reachable = torch.tensor([1 if all(peers) else 0], device=device)
+        dist.all_reduce(reachable, op=dist.ReduceOp.MIN)
+        yield buf, (peers if reachable.item() else None)
+    finally:
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        o.sym_free(buf)  # collective
 
 
 # ---------------------------------------------------------------------------------------
