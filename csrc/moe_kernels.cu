@@ -1070,10 +1070,11 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
 // ---------------------------------------------------------------------------------------
 // Host side
 
-// TORCH_CHECK messages with numbers are built here, each number by std::to_string, and passed
-// as one string. On the GPU machine (torch 2.11) a TORCH_CHECK that streamed an integer into
-// its message crashed the process (SIGSEGV) instead of raising; messages of strings only
-// raised (round 12, results/gpu/2026-11-30-round12-ab).
+// Every check of the host side is MOE_CHECK(cond, parts...): its message is built by msg(),
+// numbers by std::to_string, and handed to TORCH_CHECK as one string. On the GPU machine
+// (torch 2.11) a TORCH_CHECK that streamed an integer into its message crashed the process
+// (SIGSEGV) instead of raising; messages of strings only raised (round 12,
+// results/gpu/2026-11-30-round12-ab).
 static void add_part(std::string& s, const char* v) { s += v; }
 static void add_part(std::string& s, const std::string& v) { s += v; }
 template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
@@ -1084,11 +1085,12 @@ static std::string msg(const A&... parts) {
   (add_part(s, parts), ...);
   return s;
 }
+#define MOE_CHECK(cond, ...) TORCH_CHECK(cond, msg(__VA_ARGS__))
 
 #define CUDA_OK(x)                                                                        \
   do {                                                                                    \
     cudaError_t e_ = (x);                                                                 \
-    TORCH_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x); \
+    MOE_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x);   \
   } while (0)
 
 // Every kernel asks for the largest shared-memory carveout. Kernels that run concurrently on
@@ -1149,7 +1151,7 @@ constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
 constexpr long long COMB_FUSED_MIN_TOKENS = 4096;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
-  TORCH_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
+  MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
   return *reinterpret_cast<Ctx*>(ctx);
 }
 
@@ -1165,7 +1167,7 @@ static bool env_switch(const char* name, bool dflt, bool can_force = false) {
 int64_t num_sms(int64_t device);
 
 int64_t create_ctx(std::vector<int64_t> c) {
-  TORCH_CHECK(c.size() >= 37, "create_ctx: short config");
+  MOE_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
   Params* p = &cx->p;
   int i = 0;
@@ -1184,7 +1186,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->cnt = reinterpret_cast<int*>(c[i++]);
   p->rowmap = reinterpret_cast<int*>(c[i++]);
   p->err_host = reinterpret_cast<int*>(c[i++]);
-  TORCH_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length");
+  MOE_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length");
   for (int r = 0; r < p->W; ++r) p->pe[r] = c[i++];
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
@@ -1242,7 +1244,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
                                                     cudaStream_t stream) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
-  TORCH_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, msg("dispatch_recv: bad dtype code ", in_dtype_code));
+  MOE_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
   at::Tensor tokens = at::empty({R, p.H}, dev.dtype(codes[in_dtype_code]));
   at::Tensor scales = at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat));
   at::Tensor weights = at::empty({weighted ? R : 0}, dev.dtype(at::kFloat));
@@ -1358,11 +1360,11 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
     cx.stashed = false;
     cx.keep_x = at::Tensor();  // joined: later reuse of their memory is ordered after the copy
     cx.keep_s = at::Tensor();
-    TORCH_CHECK(dtype_code_of(out[0].scalar_type()) == in_dtype_code && (out[2].numel() > 0 || !weighted),
+    MOE_CHECK(dtype_code_of(out[0].scalar_type()) == in_dtype_code && (out[2].numel() > 0 || !weighted),
                 "dispatch_recv: does not match the pending dispatch_send");
     return out;
   }
-  TORCH_CHECK(cx.keep_x.defined(), "dispatch_recv: no pending dispatch_send");
+  MOE_CHECK(cx.keep_x.defined(), "dispatch_recv: no pending dispatch_send");
   at::Tensor x = std::move(cx.keep_x), xs = std::move(cx.keep_s);
   cx.keep_x = at::Tensor();
   cx.keep_s = at::Tensor();
@@ -1530,7 +1532,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
   c10::cuda::CUDAGuard guard(out.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   if (cx.comb_out.defined()) {
-    TORCH_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
+    MOE_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
                 "combine_recv: `out` is not the tensor given to combine_send");
     CUDA_OK(cudaStreamWaitEvent(s, cx.join, 0));
     cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();  // joined: reuse is ordered after
@@ -1542,7 +1544,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 // NVSHMEM host helpers ------------------------------------------------------------------
 at::Tensor get_uid() {
   nvshmemx_uniqueid_t id;
-  TORCH_CHECK(nvshmemx_get_uniqueid(&id) == 0, "nvshmemx_get_uniqueid failed");
+  MOE_CHECK(nvshmemx_get_uniqueid(&id) == 0, "nvshmemx_get_uniqueid failed");
   at::Tensor t = at::empty({(int64_t)sizeof(id)}, at::TensorOptions().dtype(at::kByte));
   memcpy(t.data_ptr(), &id, sizeof(id));
   return t;
@@ -1550,11 +1552,11 @@ at::Tensor get_uid() {
 
 void init_uid(const at::Tensor& uid, int64_t rank, int64_t nranks) {
   nvshmemx_uniqueid_t id;
-  TORCH_CHECK(uid.numel() == (int64_t)sizeof(id), "bad unique id size");
+  MOE_CHECK(uid.numel() == (int64_t)sizeof(id), "bad unique id size");
   memcpy(&id, uid.data_ptr(), sizeof(id));
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
   nvshmemx_set_attr_uniqueid_args((int)rank, (int)nranks, &id, &attr);
-  TORCH_CHECK(nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) == 0, "nvshmemx_init_attr failed");
+  MOE_CHECK(nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) == 0, "nvshmemx_init_attr failed");
 }
 
 // After nvshmem4py initialised the host library: register this module's device state.
@@ -1564,7 +1566,7 @@ int64_t my_pe() { return nvshmem_my_pe(); }
 int64_t n_pes() { return nvshmem_n_pes(); }
 int64_t sym_malloc(int64_t bytes) {
   void* ptr = nvshmem_malloc((size_t)bytes);
-  TORCH_CHECK(ptr != nullptr, msg("nvshmem_malloc(", bytes, ") failed"));
+  MOE_CHECK(ptr != nullptr, "nvshmem_malloc(", bytes, ") failed");
   CUDA_OK(cudaMemset(ptr, 0, (size_t)bytes));
   CUDA_OK(cudaDeviceSynchronize());
   nvshmem_barrier_all();
@@ -1609,14 +1611,15 @@ __global__ void ping_kernel(unsigned long long* flags, PingPeers peers, int W, i
 
 void ping(at::Tensor err, int64_t flags, std::vector<int64_t> peers, int64_t rank, int64_t round, int64_t launches,
           int64_t timeout_ns) {
-  TORCH_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, msg("ping: 1..", MAXW, " peers, got ", peers.size()));
-  TORCH_CHECK(launches == 1 || launches == 2, msg("ping: launches must be 1 or 2, got ", launches));
-  TORCH_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1, "ping: err must be a CUDA int32 tensor");
+  MOE_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, "ping: 1..", MAXW, " peers, got ", peers.size());
+  MOE_CHECK(launches == 1 || launches == 2, "ping: launches must be 1 or 2, got ", launches);
+  MOE_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1,
+            "ping: err must be a CUDA int32 tensor");
   c10::cuda::CUDAGuard guard(err.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   PingPeers pp{};
   for (size_t r = 0; r < peers.size(); ++r) {
-    TORCH_CHECK(peers[r] != 0, msg("ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)"));
+    MOE_CHECK(peers[r] != 0, "ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)");
     pp.p[r] = reinterpret_cast<unsigned long long*>(peers[r]);
   }
   auto* f = reinterpret_cast<unsigned long long*>(flags);
@@ -1664,12 +1667,12 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst,
 }
 
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  TORCH_CHECK(mode == 0 || mode == 1, msg("rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode));
-  TORCH_CHECK(nbytes > 0 && nbytes % 16 == 0,
-              msg("rate_probe: nbytes must be a positive multiple of 16, got ", nbytes));
-  TORCH_CHECK(blocks >= 1 && blocks <= num_sms(device),
-              msg("rate_probe: blocks must be 1..", num_sms(device), ", got ", blocks));
-  TORCH_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
+  MOE_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
+  MOE_CHECK(nbytes > 0 && nbytes % 16 == 0,
+              "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
+  MOE_CHECK(blocks >= 1 && blocks <= num_sms(device),
+              "rate_probe: blocks must be 1..", num_sms(device), ", got ", blocks);
+  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
               "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
   rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
