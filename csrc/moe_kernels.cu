@@ -38,6 +38,7 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -87,6 +88,11 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
+// Programmatic dependent launch: a kernel launched with it may start before the previous
+// kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results
+// (a no-op without it); launch_dependents() lets the next kernel be scheduled early.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -421,6 +427,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
                                                              int64_t* __restrict__ tpe, int64_t* __restrict__ offs,
                                                              int* __restrict__ sg, int* __restrict__ stok,
                                                              int* __restrict__ sk, int weighted) {
+  launch_dependents();  // the copy kernel may be scheduled now; it waits for this grid's end
   extern __shared__ unsigned smem[];
   __shared__ int sh_n[MAXW];
   const unsigned long long round = p.state[0] + 1;
@@ -570,41 +577,51 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 
 }
 
-// Dispatch receive, part 2: payload copies, one warp per received token (g, t). Warps take
-// tokens from a work counter (state[5], reset by the plan kernel) in this order: first the
-// own group's tokens, read straight from this rank's `x` / `x_scale` (the sender skips its own
-// group, so they need no flag and no link), then the other groups' tokens in (t, g) order,
-// the order they arrive in (every sender sends in t order): the copy works on local rows
-// while the link delivers, then follows the arrival front. Dynamic, so a copy block that
-// starts late (its SM still busy with send blocks) delays no particular token. For a remote
-// token the warp waits for its flag, then reads the slot once (RECV_UNROLL 16-byte loads in
-// flight per lane) and stores it into each of the token's local-expert rows with streaming
-// stores (the ~470 MB of rows at the prefill shape must not evict the slots from L2).
+// Dispatch receive, part 2: payload copies. Work item = (received token (g, t), piece): a
+// token's row is cut into p.copy_pieces pieces of whole 16-byte vectors (copy_pieces(): as
+// many as fill a block per SM with one warp per item when the arena holds few tokens, so a
+// small batch is not held to a few SMs' store rate; 1 at prefill sizes). Token order: first the own group's tokens,
+// read straight from this rank's `x` / `x_scale` (the sender skips its own group, so they
+// need no flag and no link), then the other groups' tokens in (t, g) order, the order they
+// arrive in (every sender sends in t order): the copy works on local rows while the link
+// delivers, then follows the arrival front. DYNAMIC (more items than warps): warps take
+// items from a work counter (state[5], reset by the plan kernel), so a copy block that starts
+// late (its SM still busy with send blocks) delays no particular token; otherwise item i is
+// warp i's, with no atomic. For a remote token the warp waits for its flag, then reads its
+// piece of the slot once (RECV_UNROLL 16-byte loads in flight per lane) and stores it into
+// each of the token's local-expert rows with streaming stores (the ~470 MB of rows at the
+// prefill shape must not evict the slots from L2). The last piece also copies the scales.
 constexpr int RECV_UNROLL = 4;
+template <bool DYNAMIC>
 __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
                                                                     float* __restrict__ scales,
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
+  grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int topk = p.topk, M = p.M, G = p.G, me = p.group;
+  const int topk = p.topk, M = p.M, G = p.G, me = p.group, P = DYNAMIC ? 1 : p.copy_pieces;
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  const long long total = (long long)G * M;
-  const long long R = total * (topk < p.L ? topk : p.L);  // rows of the outputs
-  for (;;) {
-    unsigned long long next = 0;
-    if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
-    const long long i = (long long)__shfl_sync(0xffffffffu, next, 0);
-    if (i >= total) break;
+  const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
+  const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
+  for (int item = DYNAMIC ? -1 : blockIdx.x * NWARPS + warp;;) {
+    if constexpr (DYNAMIC) {
+      unsigned long long next = 0;
+      if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
+      next = __shfl_sync(0xffffffffu, next, 0);
+      item = next < (unsigned long long)total * P ? (int)next : total * P;
+    }
+    if (item >= total * P) break;
+    const int i = item / P, piece = item % P;
     int gg, tt;
     if (i < M) {
       gg = me;
-      tt = (int)i;
+      tt = i;
     } else {
-      const long long j = i - M;
-      tt = (int)(j / (G - 1));
-      const int o = (int)(j % (G - 1));
+      const int j = i - M, o = j % (G - 1);
+      tt = j / (G - 1);
       gg = o < me ? o : o + 1;
     }
     const bool own = gg == me;
@@ -632,29 +649,30 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
       if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
         const int4* s = reinterpret_cast<const int4*>(src);
-        const int n16 = p.row_bytes >> 4;
-        for (int c0 = lane; c0 < n16; c0 += 32 * RECV_UNROLL) {
+        const int c1 = min(n16, (piece + 1) * per16);
+        for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * RECV_UNROLL) {
           int4 v[RECV_UNROLL];
 #pragma unroll
           for (int u = 0; u < RECV_UNROLL; ++u)
-            if (c0 + 32 * u < n16) v[u] = __ldcg(s + c0 + 32 * u);
+            if (c0 + 32 * u < c1) v[u] = __ldcg(s + c0 + 32 * u);
           for (int j = 0; j < nk; ++j) {
             int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
 #pragma unroll
             for (int u = 0; u < RECV_UNROLL; ++u)
-              if (c0 + 32 * u < n16) __stcs(d + c0 + 32 * u, v[u]);
+              if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
           }
         }
-      } else {
+      } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
         for (int j = 0; j < nk; ++j)
           warp_copy(tokens + (long long)sh_rows[warp][j] * p.row_bytes, src, p.row_bytes, lane);
       }
-      if (p.scale_bytes)
+      if (p.scale_bytes && piece == P - 1)
         for (int j = 0; j < nk; ++j)
           warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, ssrc,
                     p.scale_bytes, lane);
     }
     __syncwarp();  // sh_rows is rewritten by the next token
+    if constexpr (!DYNAMIC) break;
   }
 }
 
@@ -959,11 +977,12 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
     if constexpr (NVL) {
-      if (lane == 0) {
-        __threadfence_system();
+      // The release store alone orders the warp's partial stores before the flag (cumulative
+      // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
+      // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
+      if (lane == 0)
         for (int q = 0; q < p.tp; ++q)
           st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
-      }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
@@ -1166,6 +1185,21 @@ static bool env_switch(const char* name, bool dflt, bool can_force = false) {
 
 int64_t num_sms(int64_t device);
 
+// Pieces per token of the dispatch copy's items: as many as let the arena's tokens fill one
+// warp per item on a block per SM (num_sms * NWARPS warps), each piece at least
+// COPY_MIN_PIECE bytes of the row; 1 (and a work counter) when the tokens alone are more.
+// A few hundred tokens on one warp each wrote their rows from a few SMs, at a few SMs' store
+// rate (decode, 128 tokens: the copy took 12 us; 5 us in pieces, round 13).
+// MOE_BACKEND_NVSHMEM_COPY_PIECES=k caps it (k = 1: one warp per token, for A/B runs).
+constexpr int COPY_MIN_PIECE = 512;
+static int copy_pieces(const Params& p) {
+  const long long by_work = (long long)p.num_sms * NWARPS / ((long long)p.G * p.M);
+  const long long by_size = p.row_bytes / COPY_MIN_PIECE;
+  const char* v = std::getenv("MOE_BACKEND_NVSHMEM_COPY_PIECES");
+  const long long cap = v && *v ? std::atoi(v) : 64;
+  return (int)std::max(1LL, std::min({by_work, by_size, cap}));
+}
+
 int64_t create_ctx(std::vector<int64_t> c) {
   MOE_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
@@ -1192,6 +1226,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
+  p->copy_pieces = copy_pieces(*p);
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1235,6 +1270,14 @@ void destroy_ctx(int64_t ctx) {
   delete cx;
 }
 
+// The copy kernel's programmatic launch beside the plan: its blocks are scheduled while the
+// plan runs instead of after it (decode dispatch -0.1..0.9 us, round 13);
+// MOE_BACKEND_NVSHMEM_PDL=0 turns it off.
+static bool copy_pdl() {
+  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_PDL", true);
+  return on;
+}
+
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + 3 * (size_t)p.L) * 4; }
 
 // Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
@@ -1260,20 +1303,32 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
     attr_set = true;
   }
   int threads = std::max(p.chunk, 256);  // phase-1 masks need one thread per token
-  static const bool carve = max_shared_carveout(dispatch_recv_kernel) && max_shared_carveout(dispatch_copy_kernel);
+  static const bool carve = max_shared_carveout(dispatch_recv_kernel) && max_shared_carveout(dispatch_copy_kernel<true>) &&
+                            max_shared_carveout(dispatch_copy_kernel<false>);
   (void)carve;
   dispatch_recv_kernel<<<p.nchunks, threads, smem, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(), weighted ? weights.data_ptr<float>() : nullptr,
       tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(), sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(),
       weighted ? 1 : 0);
   CUDA_OK(cudaGetLastError());
-  const long long toks = (long long)p.G * p.M;
-  int cblocks = (int)std::max(1LL, std::min<long long>(p.num_sms, (toks + NWARPS - 1) / NWARPS));
-  dispatch_copy_kernel<<<cblocks, NTHREADS, 0, stream>>>(
-      p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
-      reinterpret_cast<const char*>(x.data_ptr()), xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr,
-      (int)x.size(0));
-  CUDA_OK(cudaGetLastError());
+  // One warp per item while the items fit one block per SM (no work counter); else a counter
+  // (then copy_pieces is 1).
+  const long long need = ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS;
+  const bool dynamic = need > (long long)p.num_sms;
+  const int cblocks = (int)std::max(1LL, dynamic ? (long long)p.num_sms : need);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(cblocks);
+  cfg.blockDim = dim3(NTHREADS);
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = copy_pdl() ? 1 : 0;
+  CUDA_OK(cudaLaunchKernelEx(&cfg, dynamic ? dispatch_copy_kernel<true> : dispatch_copy_kernel<false>, p,
+                             reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+                             reinterpret_cast<const char*>(x.data_ptr()),
+                             xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0)));
   return {tokens, scales, weights, tpe, offs, sg, st, sk};
 }
 
