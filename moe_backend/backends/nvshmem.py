@@ -32,6 +32,11 @@ side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_
 turns it off; `=1` uses it for every arena past the overlap limit). With more than half the
 GPU (`num_sms`) its send pipelines the expert-row loads through shared memory (cp.async;
 `MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1` forces it off / on).
+The copy kernel of the dispatch receive cuts each token's row into pieces, one warp each,
+when the arena's tokens alone would not fill a block per SM (`MOE_BACKEND_NVSHMEM_COPY_PIECES=k`
+caps the pieces per token; 1 = one warp per token); for such small arenas it is launched
+programmatically (PDL) beside the plan kernel (`MOE_BACKEND_NVSHMEM_PDL=0` never, `=1` for
+every arena; docs/KERNELS.md, round 13).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra

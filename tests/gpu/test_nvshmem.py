@@ -109,6 +109,26 @@ def _contract_with_few_sms(seed, count):
     _workers.graph_worker(seed, "nvlink", 3, tokens=1100, num_sms=4)
 
 
+def test_contract_suite_copy_variants():
+    """The dispatch copy's launch and work-item variants (docs/KERNELS.md, round 13): one warp
+    per token without the programmatic launch (MOE_BACKEND_NVSHMEM_COPY_PIECES=1,
+    MOE_BACKEND_NVSHMEM_PDL=0), then every copy launched programmatically, the work-counter
+    copy of a large arena included (MOE_BACKEND_NVSHMEM_PDL=1): the same results, rounds and
+    CUDA-graph replays too."""
+    print(f"seed={SEED}")
+    for pieces, pdl in (("1", "0"), ("", "1")):
+        launch.spawn(_contract_copy_variant, WORLD, SEED + 5, max(4, COUNT // 3), pieces, pdl, dist_backend="nccl",
+                     timeout=90 * WORLD)
+
+
+def _contract_copy_variant(seed, count, pieces, pdl):
+    os.environ["MOE_BACKEND_NVSHMEM_COPY_PIECES"] = pieces  # read when an arena is created
+    os.environ["MOE_BACKEND_NVSHMEM_PDL"] = pdl  # read at the first dispatch of the process
+    _workers.contract_worker(seed, count, ("put", "nvlink"))
+    _workers.rounds_worker(seed, "nvlink", 6, tokens=1100)
+    _workers.graph_worker(seed, "nvlink", 3, tokens=1100)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""
