@@ -606,7 +606,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
   const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
   const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
-  for (int item = DYNAMIC ? -1 : blockIdx.x * NWARPS + warp;;) {
+  for (int item = DYNAMIC ? -1 : (int)blockIdx.x * NWARPS + warp;;) {
     if constexpr (DYNAMIC) {
       unsigned long long next = 0;
       if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
