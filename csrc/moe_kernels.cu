@@ -39,6 +39,7 @@ struct Params {
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
+  int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -370,6 +371,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
     }
   }
   if (p.replica == 0) send_table<NVL>(p, ids, w, n);
+  if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
@@ -415,6 +417,20 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                          NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
     }
   }
+}
+
+// Copy-engine send, per chunk of tokens [t0, t1): after the chunk's copies into every
+// destination's slots have completed (stream order behind an event), raise the chunk's token
+// flags there, so the receive's copy is the same as with the send kernel. The round comes
+// from the device (the host does not know it: CUDA graphs replay the same launch).
+__global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, const int* __restrict__ nptr,
+                                                      unsigned long long ranks) {
+  const unsigned long long round = p.state[0] + 1;
+  if (nptr) t1 = min(t1, max(0, *nptr));
+  __threadfence_system();
+  for (int t = t0 + (int)threadIdx.x; t < t1; t += blockDim.x)
+    for (unsigned long long m = ranks; m; m &= m - 1)
+      st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1158,6 +1174,14 @@ struct Ctx {
   cudaStream_t send_side = nullptr;
   cudaEvent_t send_join = nullptr;
   at::Tensor keep_ids, keep_w, keep_n;  // keep_ids defined = a send on send_side not yet joined
+  // Copy-engine send (p.ce_send, see launch_ce_send): copies on `ce_copy`, each chunk's flags
+  // raised by a kernel on `ce_flags` behind the chunk's event `ce_done[c]`; dispatch_recv joins
+  // `ce_join` (ce_pending), and x / x_scale are held until then like for the receive.
+  cudaStream_t ce_copy = nullptr, ce_flags = nullptr;
+  std::vector<cudaEvent_t> ce_done;
+  cudaEvent_t ce_join = nullptr;
+  bool ce_pending = false;
+  bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -1197,6 +1221,19 @@ static int copy_pieces(const Params& p) {
   const char* v = std::getenv("MOE_BACKEND_NVSHMEM_COPY_PIECES");
   const long long cap = v && *v ? std::atoi(v) : 64;
   return (int)std::max(1LL, std::min({by_work, by_size, cap}));
+}
+
+// Copy-engine send defaults (round 15, DeepSeek prefill on 2 x H200: 4 chunks 231 us, 6: 242,
+// 8: 246, 12: 277, 32: 405, the send kernel 263-264: each chunk's event and flag kernel cost
+// ~5 us on the critical path, so few chunks).
+constexpr int CE_CHUNKS = 4;
+constexpr int CE_MIN_TOKENS = 1024;
+constexpr double CE_MIN_DENSITY = 0.9;
+// Chance that a token's topk distinct experts (uniform over E) include one of a given rank's L.
+static double dense_fraction(int E, int L, int topk) {
+  double none = 1.0;
+  for (int i = 0; i < topk && none > 0.0; ++i) none *= std::max(0.0, (double)(E - L - i) / (double)(E - i));
+  return 1.0 - none;
 }
 
 int64_t create_ctx(std::vector<int64_t> c) {
@@ -1241,6 +1278,48 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
                    env_switch("MOE_BACKEND_NVSHMEM_COMBINE_FUSED", sources > COMB_FUSED_MIN_TOKENS, true);
+  // Copy-engine send (launch_ce_send): nvlink with the overlapped receive only, when nearly
+  // every token has an expert at each other rank (it sends every token to every other group),
+  // and not with CUDA_DEVICE_MAX_CONNECTIONS=1, where its queued flag kernels hold back the
+  // receive (prefill 362 against 264 us, round 15). Used per call for >= CE_MIN_TOKENS tokens.
+  // MOE_BACKEND_NVSHMEM_CE_SEND=0 never, =1 always (any token count and routing density);
+  // MOE_BACKEND_NVSHMEM_CE_CHUNKS=k cuts the tokens into k chunks (default CE_CHUNKS).
+  {
+    const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    const bool one_queue = conns && std::atoi(conns) == 1;
+    const bool dense = dense_fraction(p->E, p->L, p->topk) >= CE_MIN_DENSITY;
+    const bool can = p->nvl && cx->overlap;
+    p->ce_send = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", dense && !one_queue, true);
+    cx->ce_forced = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
+  }
+  if (p->ce_send) {
+    // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
+    // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
+    // copies were as fast without it in a debug run. It costs a context on the peer device.)
+    c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
+    for (int r = 0; r < p->W && p->ce_send; ++r) {
+      cudaPointerAttributes pa{};
+      if (cudaPointerGetAttributes(&pa, p->peer[r]) != cudaSuccess) {
+        cudaGetLastError();
+        p->ce_send = 0;
+        break;
+      }
+      if (pa.device == attr.device) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(pa.device, 0);
+      if (e != cudaSuccess) cudaGetLastError();
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) p->ce_send = 0;
+    }
+  }
+  if (p->ce_send) {
+    const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
+    const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
+    c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
+    CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_copy, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_flags, cudaStreamNonBlocking));
+    cx->ce_done.resize(chunks);
+    for (auto& e : cx->ce_done) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CUDA_OK(cudaEventCreateWithFlags(&cx->ce_join, cudaEventDisableTiming));
+  }
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
     CUDA_OK(cudaStreamCreateWithFlags(&cx->side, cudaStreamNonBlocking));
@@ -1261,6 +1340,10 @@ void destroy_ctx(int64_t ctx) {
   cx->keep_s = at::Tensor();
   cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
   cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
+  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
+  if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
+  for (auto e : cx->ce_done) cudaEventDestroy(e);
+  if (cx->ce_join) cudaEventDestroy(cx->ce_join);
   if (cx->send_side) cudaStreamDestroy(cx->send_side);
   if (cx->send_join) cudaEventDestroy(cx->send_join);
   if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
@@ -1345,12 +1428,59 @@ static int64_t dtype_code_of(at::ScalarType t) {
   }
 }
 
-// The caller's stream waits for a send kernel launched on the send stream; its inputs are
-// released (their later reuse is ordered after the kernel).
+// The caller's stream waits for a send kernel launched on the send stream, and for the
+// copy-engine send; their inputs are released (their later reuse is ordered after them).
 static void join_send_side(Ctx& cx, cudaStream_t stream) {
+  if (cx.ce_pending) {
+    CUDA_OK(cudaStreamWaitEvent(stream, cx.ce_join, 0));
+    cx.ce_pending = false;
+  }
   if (!cx.keep_ids.defined()) return;
   CUDA_OK(cudaStreamWaitEvent(stream, cx.send_join, 0));
   cx.keep_ids = cx.keep_w = cx.keep_n = at::Tensor();
+}
+
+// Copy-engine send: rows [0, n) of x (and x_scale) cut into chunks of at least CE_MIN_CHUNK
+// tokens; chunk c (sent by replica c % tp) is copied by the copy engine straight into the
+// slots [group][t] of every rank outside this group (through the mapped arenas), then a
+// one-block kernel raises the chunk's token flags there. Every token crosses, whether or not
+// it routes to that rank (worth it when nearly all do, as at prefill sizes with few ranks);
+// with a device-side token count every row of x crosses and only rows < n are flagged.
+// The SMs are left to the receive's copy, which otherwise competed with the send's stores.
+constexpr int CE_MIN_CHUNK = 64;
+
+static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n_host, int rows,
+                           unsigned long long dests) {
+  const Params& p = cx.p;
+  const int n = nptr ? rows : std::max(0, std::min(n_host, rows));
+  CUDA_OK(cudaStreamWaitEvent(cx.ce_copy, cx.fork, 0));
+  CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
+  const int chunks = std::max(1, std::min((int)cx.ce_done.size(), (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  const int per = (n + chunks - 1) / chunks;
+  const long long aligned_row = (p.row_bytes + 15) & ~15;
+  for (int c = 0; c < chunks; ++c) {
+    const int t0 = c * per, t1 = std::min(n, t0 + per);
+    if (t0 >= t1 || c % p.tp != p.replica) continue;
+    const size_t ntk = (size_t)(t1 - t0);
+    for (unsigned long long m = dests; m; m &= m - 1) {
+      char* dst = p.peer[__builtin_ctzll(m)] + p.off_disp + ((long long)p.group * p.M + t0) * p.slot_bytes;
+      const char* src = x + (long long)t0 * p.row_bytes;
+      if (p.slot_bytes == p.row_bytes)
+        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, cx.ce_copy));
+      else
+        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice,
+                                  cx.ce_copy));
+      if (p.scale_bytes)
+        CUDA_OK(cudaMemcpy2DAsync(dst + aligned_row, p.slot_bytes, scale + (long long)t0 * p.scale_bytes, p.scale_bytes,
+                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, cx.ce_copy));
+    }
+    CUDA_OK(cudaEventRecord(cx.ce_done[c], cx.ce_copy));
+    CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
+    ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests);
+    CUDA_OK(cudaGetLastError());
+  }
+  CUDA_OK(cudaEventRecord(cx.ce_join, cx.ce_flags));
+  cx.ce_pending = true;
 }
 
 at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
@@ -1390,12 +1520,24 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int* np = ntok ? ntok->data_ptr<int>() : nullptr;
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
+  Params ps = p;
+  const int n_send = np ? rows : std::max(0, std::min((int)n_host, rows));
+  ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
+  if (ps.ce_send) blocks = std::min(blocks, table_portions(p));  // the send kernel ships the table only
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   else
-    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(p, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
   if (send_stream != stream) CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
+  // The copy-engine send is enqueued before the receive, never after: streams share hardware
+  // queues, and a flag kernel queued behind the receive's polling kernels did not start until
+  // they timed out (round 15). Queued first, its items wait only for local copies.
+  if (ps.ce_send) {
+    const unsigned long long own = p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));
+    const unsigned long long all = p.W >= 64 ? ~0ULL : ((1ULL << p.W) - 1ULL);
+    launch_ce_send(cx, xp, reinterpret_cast<const char*>(sp), np, (int)n_host, rows, all & ~own);
+  }
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));

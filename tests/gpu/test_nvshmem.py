@@ -129,6 +129,25 @@ def _contract_copy_variant(seed, count, pieces, pdl):
     _workers.graph_worker(seed, "nvlink", 3, tokens=1100)
 
 
+def test_contract_suite_with_copy_engine_send():
+    """Tokens sent by copy-engine copies and per-chunk flag kernels instead of the send kernel
+    (nvlink; by default only for dense routings at >= 1024 tokens), here forced on for every
+    call and arena (MOE_BACKEND_NVSHMEM_CE_SEND=1) with 3 chunks, so that chunk edges, scales
+    (2D copies), tp replicas and device-side token counts are all crossed: the same results,
+    rounds and CUDA-graph replays."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_with_copy_engine_send, WORLD, SEED + 6, max(4, COUNT // 2), dist_backend="nccl",
+                 timeout=90 * WORLD)
+
+
+def _contract_with_copy_engine_send(seed, count):
+    os.environ["MOE_BACKEND_NVSHMEM_CE_SEND"] = "1"  # read when an arena is created
+    os.environ["MOE_BACKEND_NVSHMEM_CE_CHUNKS"] = "3"
+    _workers.contract_worker(seed, count, ("nvlink",))
+    _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
+    _workers.graph_worker(seed, "nvlink", 4, tokens=300)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""
