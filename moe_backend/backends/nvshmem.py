@@ -38,7 +38,7 @@ caps the pieces per token; 1 = one warp per token); for such small arenas it is 
 programmatically (PDL) beside the plan kernel (`MOE_BACKEND_NVSHMEM_PDL=0` never, `=1` for
 every arena; docs/KERNELS.md, round 13).
 Copy-engine send (nvlink, overlap on): when nearly every token has an expert on each other
-rank (>= 0.9 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks) and a call
+rank (>= 0.99 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks, not 4) and a call
 sends >= 1024 tokens, the tokens cross by copy-engine copies in 4 chunks, each chunk's flags
 raised by a small kernel, instead of by the send kernel's SM stores: the SMs are left to the
 receive (DeepSeek prefill dispatch 263 -> 231 us, docs/KERNELS.md, round 15). Every token then
