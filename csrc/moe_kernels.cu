@@ -1132,8 +1132,12 @@ static std::string msg(const A&... parts) {
 // for the first kernel on the SM (a send with ~0 KB of shared memory gets a small one), and a
 // receive needing more waits until the SM drains: measured, the overlapped combine receive
 // started only as the send's blocks retired. Our kernels stream through L2: L1 is not needed.
+static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
 static bool max_shared_carveout(K kernel) {
+  // Experiment (round 13's knob, for round 16's prefill measurement): =0 leaves the default.
+  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", true);
+  if (!on) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
   return true;
@@ -1177,8 +1181,12 @@ struct Ctx {
   // Copy-engine send (p.ce_send, see launch_ce_send): copies on `ce_copy`, each chunk's flags
   // raised by a kernel on `ce_flags` behind the chunk's event `ce_done[c]`; dispatch_recv joins
   // `ce_join` (ce_pending), and x / x_scale are held until then like for the receive.
-  cudaStream_t ce_copy = nullptr, ce_flags = nullptr;
-  std::vector<cudaEvent_t> ce_done;
+  // Experiment (round 16): MOE_BACKEND_NVSHMEM_CE_STREAMS=k spreads the copies over k streams
+  // (copy j of chunk c, over its destination ranks, on stream (c * dests + j) % k), so that one
+  // chunk's event does not hold the next copy and several ranks' copies run at once.
+  std::vector<cudaStream_t> ce_copy;
+  cudaStream_t ce_flags = nullptr;
+  std::vector<cudaEvent_t> ce_done;  // [chunk][stream]
   cudaEvent_t ce_join = nullptr;
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
@@ -1199,7 +1207,7 @@ static Ctx& CX(int64_t ctx) {
 
 // An on/off choice read when an arena is created: `name`=0 turns it off, `name`=1 turns it on
 // if `can_force` (otherwise the default stands), anything else or unset: `dflt`.
-static bool env_switch(const char* name, bool dflt, bool can_force = false) {
+static bool env_switch(const char* name, bool dflt, bool can_force) {
   const char* v = std::getenv(name);
   if (v && v[0] == '0') return false;
   if (v && v[0] == '1' && can_force) return true;
@@ -1318,9 +1326,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
-    CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_copy, cudaStreamNonBlocking));
+    const char* vs = std::getenv("MOE_BACKEND_NVSHMEM_CE_STREAMS");
+    cx->ce_copy.resize(std::max(1, std::min(8, vs && *vs ? std::atoi(vs) : 1)));
+    for (auto& st : cx->ce_copy) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_flags, cudaStreamNonBlocking));
-    cx->ce_done.resize(chunks);
+    cx->ce_done.resize((size_t)chunks * cx->ce_copy.size());
     for (auto& e : cx->ce_done) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&cx->ce_join, cudaEventDisableTiming));
   }
@@ -1344,7 +1354,7 @@ void destroy_ctx(int64_t ctx) {
   cx->keep_s = at::Tensor();
   cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
   cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
-  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
+  for (auto st : cx->ce_copy) cudaStreamDestroy(st);
   if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
   for (auto e : cx->ce_done) cudaEventDestroy(e);
   if (cx->ce_join) cudaEventDestroy(cx->ce_join);
@@ -1457,29 +1467,39 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
                            unsigned long long dests) {
   const Params& p = cx.p;
   const int n = nptr ? rows : std::max(0, std::min(n_host, rows));
-  CUDA_OK(cudaStreamWaitEvent(cx.ce_copy, cx.fork, 0));
+  const int S = (int)cx.ce_copy.size();
+  for (auto st : cx.ce_copy) CUDA_OK(cudaStreamWaitEvent(st, cx.fork, 0));
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
-  const int chunks = std::max(1, std::min((int)cx.ce_done.size(), (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  const int chunks = std::max(1, std::min((int)cx.ce_done.size() / S, (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  const int ndest = __builtin_popcountll(dests);
   const int per = (n + chunks - 1) / chunks;
   const long long aligned_row = (p.row_bytes + 15) & ~15;
   for (int c = 0; c < chunks; ++c) {
     const int t0 = c * per, t1 = std::min(n, t0 + per);
     if (t0 >= t1 || c % p.tp != p.replica) continue;
     const size_t ntk = (size_t)(t1 - t0);
-    for (unsigned long long m = dests; m; m &= m - 1) {
+    unsigned used = 0;  // streams this chunk's copies went to
+    int j = 0;
+    for (unsigned long long m = dests; m; m &= m - 1, ++j) {
+      const int si = (c * ndest + j) % S;
+      cudaStream_t st = cx.ce_copy[si];
+      used |= 1u << si;
       char* dst = p.peer[__builtin_ctzll(m)] + p.off_disp + ((long long)p.group * p.M + t0) * p.slot_bytes;
       const char* src = x + (long long)t0 * p.row_bytes;
       if (p.slot_bytes == p.row_bytes)
-        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, cx.ce_copy));
+        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, st));
       else
-        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice,
-                                  cx.ce_copy));
+        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice, st));
       if (p.scale_bytes)
         CUDA_OK(cudaMemcpy2DAsync(dst + aligned_row, p.slot_bytes, scale + (long long)t0 * p.scale_bytes, p.scale_bytes,
-                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, cx.ce_copy));
+                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, st));
     }
-    CUDA_OK(cudaEventRecord(cx.ce_done[c], cx.ce_copy));
-    CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
+    for (int si = 0; si < S; ++si) {
+      if (!(used >> si & 1u)) continue;
+      cudaEvent_t ev = cx.ce_done[(size_t)c * S + si];
+      CUDA_OK(cudaEventRecord(ev, cx.ce_copy[si]));
+      CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, ev, 0));
+    }
     ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests);
     CUDA_OK(cudaGetLastError());
   }

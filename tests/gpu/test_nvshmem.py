@@ -143,9 +143,11 @@ def test_contract_suite_with_copy_engine_send():
 def _contract_with_copy_engine_send(seed, count):
     os.environ["MOE_BACKEND_NVSHMEM_CE_SEND"] = "1"  # read when an arena is created
     os.environ["MOE_BACKEND_NVSHMEM_CE_CHUNKS"] = "3"
-    _workers.contract_worker(seed, count, ("nvlink",))
-    _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
-    _workers.graph_worker(seed, "nvlink", 4, tokens=300)
+    for streams in ("1", "2"):  # experiment (round 16): copies spread over 2 streams
+        os.environ["MOE_BACKEND_NVSHMEM_CE_STREAMS"] = streams
+        _workers.contract_worker(seed, count, ("nvlink",))
+        _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
+        _workers.graph_worker(seed, "nvlink", 4, tokens=300)
 
 
 def test_latency_floor_probe_runs():
