@@ -882,6 +882,9 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
+// Experiment (round 14, branch only): the fused put-path kernels (no concurrent receive block)
+// may take 128 registers: they spilled 36-76 B at 96, and one 512-thread block per SM holds
+// either way.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
@@ -924,7 +927,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
-__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   constexpr int C = chunks_per_step<TY, N>();
   extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
