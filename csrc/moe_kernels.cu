@@ -39,6 +39,7 @@ struct Params {
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
+  int direct;       // experiment (round 16): sender-side expert ranks, one receive kernel (dispatch_direct_kernel)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -304,14 +305,60 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 }
 
 // Portions j = block, block + grid, ... of this group's table, each announced to every rank.
+// Direct receive (experiment, round 16; nvlink, one table portion): the table as above, but
+// each valid id carries its token's rank among the group's tokens routed to that expert,
+// (rank << 16) | id, and after the tokens come count[E] int32 (the group's tokens per expert).
+// The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
+// groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
+__device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
+                                   const float* __restrict__ w, int n, unsigned* msk) {
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
+  const int nw = (p.M + 31) / 32;
+  for (int i = tid; i < E * nw; i += nt) msk[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n * topk; i += nt) {
+    const int id = ids[i], t = i / topk;
+    if (id >= 0 && id < E) atomicOr(&msk[id * nw + (t >> 5)], 1u << (t & 31));
+  }
+  __syncthreads();
+  for (int i = tid; i < n * topk; i += nt) {
+    const int id = ids[i], t = i / topk, k = i % topk;
+    int v = -1;
+    if (id >= 0 && id < E) {
+      int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
+      for (int j = 0; j < (t >> 5); ++j) rank += __popc(msk[id * nw + j]);
+      v = (rank << 16) | id;
+    }
+    const float wv = w ? w[i] : 0.0f;
+    const long long o = table_token_off(p, t) + k * 4;
+    for (int r = 0; r < p.W; ++r) {
+      *reinterpret_cast<int*>(p.peer[r] + toff + o) = v;
+      if (w) *reinterpret_cast<float*>(p.peer[r] + toff + o + topk * 4) = wv;
+    }
+  }
+  const long long coff = 16 + (long long)p.M * topk * 8;
+  for (int e = tid; e < E; e += nt) {
+    int cnt = 0;
+    for (int j = 0; j < nw; ++j) cnt += __popc(msk[e * nw + j]);
+    for (int r = 0; r < p.W; ++r) *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
+  }
+  if (tid == 0)
+    for (int r = 0; r < p.W; ++r) {
+      reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
+      reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
+    }
+}
+
 template <bool NVL>
-__device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n) {
+__device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
+                           unsigned* msk) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
   for (int j = blockIdx.x; j < table_portions(p); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
+      if (p.direct) write_table_direct(p, toff, ids, w, n, msk);  // one portion (create_ctx)
+      else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence_system();
@@ -370,7 +417,8 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
       else raise_flag<false>(p, sig_arrive(p, p.rank), tid, round);
     }
   }
-  if (p.replica == 0) send_table<NVL>(p, ids, w, n);
+  extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
+  if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem);
   if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
@@ -608,6 +656,62 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 // each of the token's local-expert rows with streaming stores (the ~470 MB of rows at the
 // prefill shape must not evict the slots from L2). The last piece also copies the scales.
 constexpr int RECV_UNROLL = 4;
+
+// Source token (g, t) of receive item i: the own group's tokens first (t = i), then the other
+// groups' in (t, g) order, the order they arrive in.
+__device__ __forceinline__ void item_token(const Params& p, int i, int& gg, int& tt) {
+  if (i < p.M) {
+    gg = p.group;
+    tt = i;
+  } else {
+    const int j = i - p.M, o = j % (p.G - 1);
+    tt = j / (p.G - 1);
+    gg = o < p.group ? o : o + 1;
+  }
+}
+
+// Warp: piece `piece` of P of token (gg, tt)'s row (the own group's from x, another group's
+// from its slot after its flag) into the nk expert rows `rows`; the last piece also copies the
+// scales. Nothing is copied after a timeout.
+__device__ __forceinline__ void copy_token_piece(const Params& p, char* __restrict__ tokens, float* __restrict__ scales,
+                                                 const char* __restrict__ x, const char* __restrict__ xscale,
+                                                 const int* rows, int nk, int gg, int tt, int piece, int P,
+                                                 unsigned long long round, int lane) {
+  const bool own = gg == p.group;
+  const long long uu = (long long)gg * p.M + tt;
+  const int aligned_row = (p.row_bytes + 15) & ~15;
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
+  int arrived = own ? 1 : 0;
+  if (!own && nk > 0 && lane == 0)
+    arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
+  if (nk == 0 || !arrived) return;
+  const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
+  const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
+  if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    const int c1 = min(n16, (piece + 1) * per16);
+    for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * RECV_UNROLL) {
+      int4 v[RECV_UNROLL];
+#pragma unroll
+      for (int u = 0; u < RECV_UNROLL; ++u)
+        if (c0 + 32 * u < c1) v[u] = __ldcg(s + c0 + 32 * u);
+      for (int j = 0; j < nk; ++j) {
+        int4* d = reinterpret_cast<int4*>(tokens + (long long)rows[j] * p.row_bytes);
+#pragma unroll
+        for (int u = 0; u < RECV_UNROLL; ++u)
+          if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
+      }
+    }
+  } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
+    for (int j = 0; j < nk; ++j) warp_copy(tokens + (long long)rows[j] * p.row_bytes, src, p.row_bytes, lane);
+  }
+  if (p.scale_bytes && piece == P - 1)
+    for (int j = 0; j < nk; ++j)
+      warp_copy(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes, ssrc, p.scale_bytes, lane);
+}
+
 template <bool DYNAMIC>
 __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
                                                                     float* __restrict__ scales,
@@ -618,10 +722,8 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, M = p.M, G = p.G, me = p.group, P = DYNAMIC ? 1 : p.copy_pieces;
-  const int aligned_row = (p.row_bytes + 15) & ~15;
   const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
   const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
-  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
   for (int item = DYNAMIC ? -1 : (int)blockIdx.x * NWARPS + warp;;) {
     if constexpr (DYNAMIC) {
       unsigned long long next = 0;
@@ -630,19 +732,11 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       item = next < (unsigned long long)total * P ? (int)next : total * P;
     }
     if (item >= total * P) break;
-    const int i = item / P, piece = item % P;
+    const int piece = item % P;
     int gg, tt;
-    if (i < M) {
-      gg = me;
-      tt = i;
-    } else {
-      const int j = i - M, o = j % (G - 1);
-      tt = j / (G - 1);
-      gg = o < me ? o : o + 1;
-    }
+    item_token(p, item / P, gg, tt);
     const bool own = gg == me;
-    const long long uu = (long long)gg * M + tt;
-    const int* rm = p.rowmap + uu * topk;
+    const int* rm = p.rowmap + ((long long)gg * M + tt) * topk;
     int nk = 0;
     if (!own || tt < xrows) {  // own rows past x's rows: only after a timeout (garbage plan)
       for (int k0 = 0; k0 < topk; k0 += 32) {
@@ -655,41 +749,115 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       }
     }
     __syncwarp();
-    int arrived = own ? 1 : 0;
-    if (!own && nk > 0 && lane == 0)
-      arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
-    if (nk > 0 && arrived) {  // nothing is copied after a timeout
-      const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
-      const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
-      if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
-        const int4* s = reinterpret_cast<const int4*>(src);
-        const int c1 = min(n16, (piece + 1) * per16);
-        for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * RECV_UNROLL) {
-          int4 v[RECV_UNROLL];
-#pragma unroll
-          for (int u = 0; u < RECV_UNROLL; ++u)
-            if (c0 + 32 * u < c1) v[u] = __ldcg(s + c0 + 32 * u);
-          for (int j = 0; j < nk; ++j) {
-            int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
-#pragma unroll
-            for (int u = 0; u < RECV_UNROLL; ++u)
-              if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
-          }
-        }
-      } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
-        for (int j = 0; j < nk; ++j)
-          warp_copy(tokens + (long long)sh_rows[warp][j] * p.row_bytes, src, p.row_bytes, lane);
-      }
-      if (p.scale_bytes && piece == P - 1)
-        for (int j = 0; j < nk; ++j)
-          warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, ssrc,
-                    p.scale_bytes, lane);
-    }
+    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
     __syncwarp();  // sh_rows is rewritten by the next token
     if constexpr (!DYNAMIC) break;
   }
+}
+
+// Direct receive (experiment, round 16; MOE_BACKEND_NVSHMEM_DIRECT_RECV=1, see create_ctx): one
+// kernel instead of plan + copy, for small nvlink arenas whose senders ship expert ranks and
+// counts with their tables (write_table_direct). Every block waits for the tables and derives
+// the expert offsets from the G x L counts (a few hundred ints); then each warp takes one item
+// (a token piece) as in the copy kernel: it places the token's rows (offset + earlier groups'
+// rows + rank), writes the metadata and the combine row map (piece 0), and copies its piece.
+// Block 0 also waits for every rank's arrive flag and publishes what the plan publishes.
+// Saves the plan's masks, count matrix and grid barrier, and the second launch.
+__global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
+    Params p, char* __restrict__ tokens, float* __restrict__ scales, float* __restrict__ weights,
+    int64_t* __restrict__ tpe, int64_t* __restrict__ offs, int* __restrict__ sg, int* __restrict__ stok,
+    int* __restrict__ sk, int weighted, const char* __restrict__ x, const char* __restrict__ xscale, int xrows) {
+  extern __shared__ int base[];  // [G + 1][L]: first row of each (group, local expert); [G]: totals
+  __shared__ int sh_rows[NWARPS][64];
+  __shared__ int sh_n[MAXW];
+  const unsigned long long round = p.state[0] + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
+  if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  if (tid < G) {
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round, PH_DISPATCH_RECV, tid * p.tp, round);
+    const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+    sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+  }
+  __syncthreads();
+  const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
+  for (int e = tid; e < L; e += blockDim.x) {
+    int acc = 0;
+    for (int g = 0; g < G; ++g) {
+      base[g * L + e] = acc;
+      acc += __ldcg(reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + coff) +
+                    p.rank * L + e);
+    }
+    base[G * L + e] = acc;
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the totals, as in the plan
+    const int per = (L + 31) / 32, e0 = lane * per, e1 = min(L, e0 + per);
+    int run = 0;
+    for (int e = e0; e < e1; ++e) run += base[G * L + e];
+    int incl = run;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    int off = incl - run;
+    for (int e = e0; e < e1; ++e) {
+      const int col = base[G * L + e];
+      if (blockIdx.x == 0) {
+        tpe[e] = col;
+        offs[e] = off;
+      }
+      for (int g = 0; g < G; ++g) base[g * L + e] += off;
+      off += col;
+    }
+    if (blockIdx.x == 0 && lane == 31) {
+      offs[L] = incl;
+      p.state[5] = 0;
+      p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
+      p.state[2] = 0;
+      p.state[7] = 0;
+      int nmax = 0;
+      for (int gg = 0; gg < G; ++gg) nmax = sh_n[gg] > nmax ? sh_n[gg] : nmax;
+      p.state[8] = (unsigned long long)nmax;
+    }
+  }
+  __syncthreads();
+  const int total = G * M;
+  const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
+  const int item = (int)blockIdx.x * NWARPS + warp;
+  if (item >= total * P) return;
+  const int piece = item % P;
+  int gg, tt;
+  item_token(p, item / P, gg, tt);
+  const long long uu = (long long)gg * M + tt;
+  const int* tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                                 table_token_off(p, tt));
+  const bool live = tt < sh_n[gg] && (gg != p.group || tt < xrows);
+  int nk = 0;
+  for (int k0 = 0; k0 < topk; k0 += 32) {
+    const int k = k0 + lane;
+    int row = -1;
+    if (k < topk && live) {
+      const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
+      const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
+      if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
+    }
+    const bool ok = row >= 0 && row < R;  // range-checked: a timed-out round reads garbage
+    if (piece == 0 && k < topk) {
+      p.rowmap[uu * topk + k] = ok ? row : -1;
+      if (ok) {
+        sg[row] = gg;
+        stok[row] = tt;
+        sk[row] = k;
+        if (weighted) weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+      }
+    }
+    const unsigned b = __ballot_sync(0xffffffffu, ok);
+    if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+    nk += __popc(b);
+  }
+  __syncwarp();
+  copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1250,6 +1418,18 @@ static double dense_fraction(int E, int L, int topk) {
   return 1.0 - none;
 }
 
+// Direct receive (experiment, round 16): nvlink; the table in one portion (written by one
+// block); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
+// shared memory; one warp per item within one block per SM.
+constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
+static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
+static bool direct_recv_fits(const Params& p) {
+  const long long items = (long long)p.G * p.M * p.copy_pieces;
+  return p.nvl && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
+         p.E < 65536 && direct_send_smem(p) <= DIRECT_MAX_SMEM && (size_t)(p.G + 1) * p.L * 4 <= DIRECT_MAX_SMEM &&
+         (items + NWARPS - 1) / NWARPS <= p.num_sms;
+}
+
 int64_t create_ctx(std::vector<int64_t> c) {
   MOE_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
@@ -1277,6 +1457,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
+  p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", false, true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1399,6 +1580,19 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   at::Tensor sg = at::empty({R}, dev.dtype(at::kInt));
   at::Tensor st = at::empty({R}, dev.dtype(at::kInt));
   at::Tensor sk = at::empty({R}, dev.dtype(at::kInt));
+  const char* xp = reinterpret_cast<const char*>(x.data_ptr());
+  const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
+  if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
+    static const bool carve_direct = max_shared_carveout(dispatch_direct_kernel);
+    (void)carve_direct;
+    const int blocks = (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
+    dispatch_direct_kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
+        p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+        weighted ? weights.data_ptr<float>() : nullptr, tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(),
+        sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(), weighted ? 1 : 0, xp, xsp, (int)x.size(0));
+    CUDA_OK(cudaGetLastError());
+    return {tokens, scales, weights, tpe, offs, sg, st, sk};
+  }
   size_t smem = recv_smem(p);
   static bool attr_set = false;
   if (smem > 48 * 1024 && !attr_set) {
@@ -1551,8 +1745,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int n_send = np ? rows : std::max(0, std::min((int)n_host, rows));
   ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
   if (ps.ce_send) blocks = std::min(blocks, table_portions(p));  // the send kernel ships the table only
+  const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   else
     dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
