@@ -38,6 +38,7 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int entry_release;  // experiment (round 14): MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=1
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -85,6 +86,9 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
 }
+__device__ __forceinline__ void red_add_release_sys(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
@@ -97,6 +101,27 @@ __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Timeline stamps (diagnostic, branch exp/round14; scripts/kernel_timeline.py): while on, the
+// blocks record %globaltimer: each kernel's first and last block entry (thread 0 of each
+// block) and last exit (lane 0 of each warp), and the latest of these moments: the plan's
+// waits done, its grid barrier passed; the combine send's warps at their first item, past an
+// item's row map, its sums, its fence (nvlink), and done with all their send items (in the
+// fused combine, the start of its receive half).
+enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
+             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
+__device__ int g_stamps_on;
+__device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
+__device__ __forceinline__ void stamp_entry(int k) {
+  if (threadIdx.x == 0 && g_stamps_on) {
+    const unsigned long long t = gtimer();
+    atomicMin(&g_stamps[3 * k], t);
+    atomicMax(&g_stamps[3 * k + 1], t);
+  }
+}
+__device__ __forceinline__ void stamp_exit(int k) {
+  if ((threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
 }
 
 // The round of the current combine: published by the dispatch plan's block 0 (state[6]),
@@ -313,8 +338,12 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
       write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        if (p.entry_release) {  // experiment (round 14): the release add alone orders the block's table stores
+          for (int r = 0; r < p.W; ++r) red_add_release_sys(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        } else {
+          __threadfence_system();
+          for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        }
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
@@ -355,6 +384,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
                                                                      const int* __restrict__ nptr, int n_host, int rows) {
+  stamp_entry(ST_SEND);
   const unsigned long long round = p.state[0] + 1;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
@@ -415,6 +445,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                          NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
     }
   }
+  stamp_exit(ST_SEND);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -427,6 +458,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
                                                              int64_t* __restrict__ tpe, int64_t* __restrict__ offs,
                                                              int* __restrict__ sg, int* __restrict__ stok,
                                                              int* __restrict__ sk, int weighted) {
+  stamp_entry(ST_PLAN);
   launch_dependents();  // the copy kernel may be scheduled now; it waits for this grid's end
   extern __shared__ unsigned smem[];
   __shared__ int sh_n[MAXW];
@@ -450,6 +482,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   for (int i = tid; i < nmw * L; i += blockDim.x) msk[i] = 0;
   __syncthreads();
+  stamp_exit(ST_PLAN_WAITED);
 
   // Phase 1: masks and chunk counts.
   const long long u = (long long)c * CH + tid;
@@ -490,6 +523,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
+  stamp_exit(ST_PLAN_BARRIER);
   // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
   // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
   // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
@@ -574,7 +608,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-
+  stamp_exit(ST_PLAN);
 }
 
 // Dispatch receive, part 2: payload copies. Work item = (received token (g, t), piece): a
@@ -598,6 +632,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
   grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
+  stamp_entry(ST_COPY);
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -674,6 +709,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     __syncwarp();  // sh_rows is rewritten by the next token
     if constexpr (!DYNAMIC) break;
   }
+  stamp_exit(ST_COPY);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -910,6 +946,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
+  stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
   extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
   __shared__ const TY* sh_rows[NWARPS][64];
@@ -917,7 +954,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
-  if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  if (blockIdx.x == 0 && threadIdx.x < p.W) {
+    // experiment (round 14): "entered" orders nothing of this kernel, like the dispatch's
+    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[threadIdx.x], sig_barrier(p, p.rank)), round);
+    else raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  }
 
   const int S = p.comb_slices;
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
@@ -926,6 +967,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
+  stamp_exit(ST_CSEND_LOOP);
   for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
        i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
     const int sl = (int)(i % S);
@@ -946,6 +988,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
     if (nk == 0) continue;
+    stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
@@ -976,13 +1019,16 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       }
     }
     __syncwarp();
+    stamp_exit(ST_CSEND_SUMMED);
     if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
       // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
       // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
-      if (lane == 0)
+      if (lane == 0) {
+        stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
         for (int q = 0; q < p.tp; ++q)
           st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
+      }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
@@ -996,6 +1042,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
   }
+  stamp_exit(ST_CSEND_ITEMS);
   if constexpr (FUSED) {
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
@@ -1005,6 +1052,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
   }
+  stamp_exit(ST_CSEND);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1078,12 +1126,14 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // the output dtype; zeros elsewhere. The last block to finish advances the round counter.
 template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+  stamp_entry(ST_CRECV);
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
   combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
+  stamp_exit(ST_CRECV);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1117,8 +1167,11 @@ static std::string msg(const A&... parts) {
 // for the first kernel on the SM (a send with ~0 KB of shared memory gets a small one), and a
 // receive needing more waits until the SM drains: measured, the overlapped combine receive
 // started only as the send's blocks retired. Our kernels stream through L2: L1 is not needed.
+static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
 static bool max_shared_carveout(K kernel) {
+  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", true);  // experiment (round 13): 0 = default
+  if (!on) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
   return true;
@@ -1176,7 +1229,7 @@ static Ctx& CX(int64_t ctx) {
 
 // An on/off choice read when an arena is created: `name`=0 turns it off, `name`=1 turns it on
 // if `can_force` (otherwise the default stands), anything else or unset: `dflt`.
-static bool env_switch(const char* name, bool dflt, bool can_force = false) {
+static bool env_switch(const char* name, bool dflt, bool can_force) {
   const char* v = std::getenv(name);
   if (v && v[0] == '0') return false;
   if (v && v[0] == '1' && can_force) return true;
@@ -1227,6 +1280,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
+  p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", false, true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1741,6 +1795,29 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
   CUDA_OK(cudaGetLastError());
 }
 
+// Timeline stamps (diagnostic): mode 1 resets them and turns them on, 0 turns them off; both
+// return the stamps as they were (int64 [3 * NSTAMP], ns of %globaltimer: first entry, last
+// entry, last exit per stamp; a first entry no block reached reads -1, the others 0).
+// Synchronises the device.
+at::Tensor timeline_stamps(int64_t mode) {
+  MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  unsigned long long host[3 * NSTAMP];
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));
+  at::Tensor out = at::empty({3 * NSTAMP}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(out.data_ptr<int64_t>(), host, sizeof(host));
+  if (mode == 1)
+    for (int k = 0; k < NSTAMP; ++k) {
+      host[3 * k] = ~0ULL;
+      host[3 * k + 1] = host[3 * k + 2] = 0;
+    }
+  const int on = (int)mode;
+  if (mode == 1) CUDA_OK(cudaMemcpyToSymbol(g_stamps, host, sizeof(host)));
+  CUDA_OK(cudaMemcpyToSymbol(g_stamps_on, &on, sizeof(on)));
+  CUDA_OK(cudaDeviceSynchronize());
+  return out;
+}
+
 }  // namespace moe
 
 TORCH_LIBRARY(moe_backend, m) {
@@ -1764,6 +1841,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("barrier_all() -> ()", moe::barrier_all);
   m.def("num_sms(int device) -> int", moe::num_sms);
   m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
+  m.def("timeline_stamps(int mode) -> Tensor", moe::timeline_stamps);
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 
