@@ -162,12 +162,14 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     return {"phases": result_stats, "host_us": host_stats, "bytes_across_max_rank": total}
 
 
-def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock, dispatch_us: float) -> dict[str, Any]:
+def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> dict[str, Any]:
     """Dispatch send, an independent matmul of about the dispatch's length, dispatch receive.
 
     Reports the medians (slowest rank) and `ratio` = overlapped / max(dispatch alone, matmul
-    alone): 1.0 is perfect overlap, 2.0 none. The combine that must follow each dispatch
-    runs outside the timed window.
+    alone): 1.0 is perfect overlap, 2.0 none. The matmul's length comes from the dispatch
+    alone as timed here, on this communicator, not from another row: a dispatch that ran
+    slow elsewhere (run 17's 16-token sweep row) picked 3 matmuls for a 21 us dispatch. The
+    combine that must follow each dispatch runs outside the timed window.
     """
     spec, device = comm.spec, comm.device
     x, ids, _, scale = make_routing(spec, n, preset.bench.seed, device)
@@ -207,14 +209,14 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock, 
                 samples.append(clock.elapsed_us(m0, m1))
         return stats(samples)
 
-    one = median_us(matmul_only, 1, 10)["median"]
-    reps = max(1, round(dispatch_us / max(one, 1e-3)))  # a matmul chain about as long as the dispatch
     iters = min(preset.bench.iters, 50)
+    # Every rank takes the same matmul chain: the slowest rank's dispatch over its slowest matmul.
+    solo = max_over_ranks({"dispatch": median_us(dispatch_around, 0, iters), "one": median_us(matmul_only, 1, 10)})
+    reps = max(1, round(solo["dispatch"]["median"] / max(solo["one"]["median"], 1e-3)))
     med = max_over_ranks({
-        "dispatch": median_us(dispatch_around, 0, iters),
         "matmul": median_us(matmul_only, reps, iters),
         "overlapped": median_us(dispatch_around, reps, iters),
-    })
+    }) | {"dispatch": solo["dispatch"]}
     alone = max(med["dispatch"]["median"], med["matmul"]["median"])
     return {
         "matmul_reps": reps,
@@ -225,15 +227,15 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock, 
     }
 
 
-def overlap_row(comm: Communicator, name: str, options: dict[str, Any], n: int, preset: BenchPreset, clock: Clock,
-                dispatch_us: float) -> dict[str, Any]:
+def overlap_row(comm: Communicator, name: str, options: dict[str, Any], n: int, preset: BenchPreset,
+                clock: Clock) -> dict[str, Any]:
     """`time_overlap`, on the nvshmem backend with the send kernel on its own stream (the
     option made for work between the halves; a communicator of its own, closed after)."""
     if name != "nvshmem":
-        return time_overlap(comm, n, preset, clock, dispatch_us)
+        return time_overlap(comm, n, preset, clock)
     split = Communicator(comm.spec, backend=name, device=comm.device, check_inputs=False, send_stream=True, **options)
     try:
-        return {**time_overlap(split, n, preset, clock, dispatch_us), "send_stream": True}
+        return {**time_overlap(split, n, preset, clock), "send_stream": True}
     finally:
         split.close()
 
@@ -359,7 +361,7 @@ def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy
             progress(f"{preset.name}: {label}, {n} tokens/rank, {preset.bench.iters} iters")
             row = {"backend": label, "num_tokens": n, **time_comm(comm, n, preset, clock)}
             if preset.bench.overlap:
-                row["overlap"] = overlap_row(comm, name, options, n, preset, clock, row["phases"]["dispatch"]["median"])
+                row["overlap"] = overlap_row(comm, name, options, n, preset, clock)
             rows.append(row)
         if comm is not None:
             comm.close()
