@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
   const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
   const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
-  for (int item = DYNAMIC ? -1 : blockIdx.x * NWARPS + warp;;) {
+  for (int item = DYNAMIC ? -1 : (int)blockIdx.x * NWARPS + warp;;) {
     if constexpr (DYNAMIC) {
       unsigned long long next = 0;
       if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
@@ -902,6 +902,8 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
+// Experiment (round 14): the fused put-path kernels (no concurrent receive block) may take 128
+// registers: they spilled 36-76 B at 96, and one 512-thread block per SM holds either way.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
@@ -944,7 +946,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
-__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
