@@ -39,6 +39,7 @@ struct Params {
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   int entry_release;  // experiment (round 14): MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=1
+  int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -500,57 +501,92 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-  for (int e = tid; e < L; e += blockDim.x) {
-    int s = 0;
-    for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
-    p.cnt[(long long)c * L + e] = s;
-    before[e] = 0;
-    totals[e] = 0;
-  }
-  // Grid barrier on a counter that is never reset: this launch's blocks all see the same
-  // generation (old / nchunks); the next launch on this context starts after this one ends.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
-    const unsigned long long need = (gen + 1) * gridDim.x;
-    const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-    for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
-      if ((i & 31) == 0 && gtimer() > deadline) {
-        report_error(p, PH_DISPATCH_GRID, -1, round);
-        break;
+  if (p.plan_redundant) {
+    // Small arenas (experiment, round 14): every block counts the whole routing table itself
+    // (before[e]: rows of earlier chunks, totals[e]: all rows) instead of publishing its
+    // chunk's counts and meeting the other blocks at a grid barrier. PLAN_RB loads in flight
+    // per thread before their shared-memory adds.
+    for (int e = tid; e < L; e += blockDim.x) {
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    __syncthreads();
+    constexpr int PLAN_RB = 8;
+    const int nids = G * M * topk, mine = c * CH;  // small arena: fits int
+    for (int i0 = tid; i0 < nids; i0 += PLAN_RB * (int)blockDim.x) {
+      int ev[PLAN_RB];
+      bool early[PLAN_RB];
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        const int i = i0 + j * (int)blockDim.x, uu = i / topk, gg = uu / M, tt = uu % M;
+        ev[j] = -1;
+        early[j] = uu < mine;
+        if (i < nids && tt < sh_n[gg])
+          ev[j] = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                               table_token_off(p, tt))[i % topk] - p.rank * L;
+      }
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        if (ev[j] >= 0 && ev[j] < L) {
+          atomicAdd(&totals[ev[j]], 1);
+          if (early[j]) atomicAdd(&before[ev[j]], 1);
+        }
       }
     }
-  }
-  __syncthreads();
-  stamp_exit(ST_PLAN_BARRIER);
-  // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
-  // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
-  // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
-  // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
-  {
-    constexpr int PLAN_BATCH = 16;
-    const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
-    const int R = (int)blockDim.x / cols;  // threads per expert column
-    const int r0 = tid / cols;
-    if (r0 < R) {
-      for (int e = tid % cols; e < L; e += cols) {
-        int b = 0, tot = 0;
-        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
-          int v[PLAN_BATCH];
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            const int cc = c0 + j * R;
-            v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
-          }
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            tot += v[j];
-            if (c0 + j * R < c) b += v[j];
-          }
+    stamp_exit(ST_PLAN_BARRIER);
+  } else {
+    for (int e = tid; e < L; e += blockDim.x) {
+      int s = 0;
+      for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
+      p.cnt[(long long)c * L + e] = s;
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    // Grid barrier on a counter that is never reset: this launch's blocks all see the same
+    // generation (old / nchunks); the next launch on this context starts after this one ends.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
+      const unsigned long long need = (gen + 1) * gridDim.x;
+      const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+      for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
+        if ((i & 31) == 0 && gtimer() > deadline) {
+          report_error(p, PH_DISPATCH_GRID, -1, round);
+          break;
         }
-        atomicAdd(&before[e], b);
-        atomicAdd(&totals[e], tot);
+      }
+    }
+    __syncthreads();
+    stamp_exit(ST_PLAN_BARRIER);
+    // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
+    // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
+    // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
+    // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
+    {
+      constexpr int PLAN_BATCH = 16;
+      const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
+      const int R = (int)blockDim.x / cols;  // threads per expert column
+      const int r0 = tid / cols;
+      if (r0 < R) {
+        for (int e = tid % cols; e < L; e += cols) {
+          int b = 0, tot = 0;
+          for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
+            int v[PLAN_BATCH];
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              const int cc = c0 + j * R;
+              v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
+            }
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              tot += v[j];
+              if (c0 + j * R < c) b += v[j];
+            }
+          }
+          atomicAdd(&before[e], b);
+          atomicAdd(&totals[e], tot);
+        }
       }
     }
   }
@@ -1222,7 +1258,8 @@ struct Ctx {
 // 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
-constexpr long long COMB_FUSED_MIN_TOKENS = 4096;  // results/gpu/2026-11-30-round8-fused-ab
+constexpr long long COMB_FUSED_MIN_TOKENS = 4096;
+constexpr long long PLAN_REDUNDANT_MAX_IDS = 16384;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
   MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -1283,6 +1320,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", false, true) ? 1 : 0;
+  // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids; =0 turns it off.
+  p->plan_redundant = env_switch("MOE_BACKEND_NVSHMEM_PLAN_REDUNDANT",
+                                 (long long)p->G * p->M * p->topk <= PLAN_REDUNDANT_MAX_IDS) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
