@@ -650,14 +650,14 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 // Dispatch receive, part 2: payload copies. Work item = (received token (g, t), piece): a
 // token's row is cut into p.copy_pieces pieces of whole 16-byte vectors (copy_pieces(): as
 // many as fill a block per SM with one warp per item when the arena holds few tokens, so a
-// small batch is not held to a few SMs' store rate; 1 at prefill sizes). Token order: first the own group's tokens,
-// read straight from this rank's `x` / `x_scale` (the sender skips its own group, so they
-// need no flag and no link), then the other groups' tokens in (t, g) order, the order they
-// arrive in (every sender sends in t order): the copy works on local rows while the link
-// delivers, then follows the arrival front. DYNAMIC (more items than warps): warps take
-// items from a work counter (state[5], reset by the plan kernel), so a copy block that starts
-// late (its SM still busy with send blocks) delays no particular token; otherwise item i is
-// warp i's, with no atomic. For a remote token the warp waits for its flag, then reads its
+// small batch is not held to a few SMs' store rate; 1 at prefill sizes). Token order: first
+// the own group's tokens, read straight from this rank's `x` / `x_scale` (the sender skips
+// its own group, so they need no flag and no link), then the other groups' tokens in (t, g)
+// order, the order they arrive in (every sender sends in t order): the copy works on local
+// rows while the link delivers, then follows the arrival front. DYNAMIC (more tokens than a
+// block per SM has warps; copy_pieces is then 1): warps take items from a work counter
+// (state[5], reset by the plan kernel), so a copy block that starts late (its SM still busy
+// with send blocks) delays no particular token; otherwise item i is warp i's, no atomic. For a remote token the warp waits for its flag, then reads its
 // piece of the slot once (RECV_UNROLL 16-byte loads in flight per lane) and stores it into
 // each of the token's local-expert rows with streaming stores (the ~470 MB of rows at the
 // prefill shape must not evict the slots from L2). The last piece also copies the scales.
@@ -804,9 +804,6 @@ __device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
   }
 }
 
-// acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
-// without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
-// chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
 // acc += (w *) row, chunk by chunk, element by element: the one place the contract's add
 // (float32, no FMA) is written; ws = nullptr: unweighted.
 template <typename T, int N, int C>
@@ -825,6 +822,9 @@ __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&r
   }
 }
 
+// acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
+// without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
+// chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
 template <typename T, int N, int C, int RB>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
@@ -1183,7 +1183,6 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
 // (SIGSEGV) instead of raising; messages of strings only raised (round 12,
 // results/gpu/2026-11-30-round12-ab).
 static void add_part(std::string& s, const char* v) { s += v; }
-static void add_part(std::string& s, const std::string& v) { s += v; }
 template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
 static void add_part(std::string& s, T v) { s += std::to_string(v); }
 template <typename... A>
@@ -1373,11 +1372,9 @@ void destroy_ctx(int64_t ctx) {
 // without) while 64 / 128 tokens got faster (23 / 28 against 40 / 44 us): not understood yet,
 // so not the default. MOE_BACKEND_NVSHMEM_PDL=0: never, 1: for every copy.
 static bool copy_pdl(bool dynamic) {
-  static const int mode = [] {
-    const char* v = std::getenv("MOE_BACKEND_NVSHMEM_PDL");
-    return v && (v[0] == '0' || v[0] == '1') ? v[0] - '0' : -1;
-  }();
-  return mode == 1 || (mode == -1 && !dynamic);
+  static const bool small = env_switch("MOE_BACKEND_NVSHMEM_PDL", true, true);
+  static const bool large = env_switch("MOE_BACKEND_NVSHMEM_PDL", false, true);
+  return dynamic ? large : small;
 }
 
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + 3 * (size_t)p.L) * 4; }
@@ -1518,7 +1515,7 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
     cx.keep_x = at::Tensor();  // joined: later reuse of their memory is ordered after the copy
     cx.keep_s = at::Tensor();
     MOE_CHECK(dtype_code_of(out[0].scalar_type()) == in_dtype_code && (out[2].numel() > 0 || !weighted),
-                "dispatch_recv: does not match the pending dispatch_send");
+              "dispatch_recv: does not match the pending dispatch_send");
     return out;
   }
   MOE_CHECK(cx.keep_x.defined(), "dispatch_recv: no pending dispatch_send");
@@ -1690,7 +1687,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   if (cx.comb_out.defined()) {
     MOE_CHECK(cx.comb_out.data_ptr() == out.data_ptr() && cx.comb_out.sizes() == out.sizes(),
-                "combine_recv: `out` is not the tensor given to combine_send");
+              "combine_recv: `out` is not the tensor given to combine_send");
     CUDA_OK(cudaStreamWaitEvent(s, cx.join, 0));
     cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();  // joined: reuse is ordered after
     return;
@@ -1825,12 +1822,11 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst,
 
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
   MOE_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
-  MOE_CHECK(nbytes > 0 && nbytes % 16 == 0,
-              "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
-  MOE_CHECK(blocks >= 1 && blocks <= num_sms(device),
-              "rate_probe: blocks must be 1..", num_sms(device), ", got ", blocks);
+  MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
+  MOE_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
+            blocks);
   MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
-              "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
+            "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
   rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
