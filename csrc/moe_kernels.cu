@@ -38,6 +38,8 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int entry_release;  // experiment (round 14): MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=1
+  int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // experiment (round 16): sender-side expert ranks, one receive kernel (dispatch_direct_kernel)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
@@ -87,6 +89,9 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
 }
+__device__ __forceinline__ void red_add_release_sys(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
@@ -99,6 +104,27 @@ __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Timeline stamps (diagnostic, branch exp/round14; scripts/kernel_timeline.py): while on, the
+// blocks record %globaltimer: each kernel's first and last block entry (thread 0 of each
+// block) and last exit (lane 0 of each warp), and the latest of these moments: the plan's
+// waits done, its grid barrier passed; the combine send's warps at their first item, past an
+// item's row map, its sums, its fence (nvlink), and done with all their send items (in the
+// fused combine, the start of its receive half).
+enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
+             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
+__device__ int g_stamps_on;
+__device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
+__device__ __forceinline__ void stamp_entry(int k) {
+  if (threadIdx.x == 0 && g_stamps_on) {
+    const unsigned long long t = gtimer();
+    atomicMin(&g_stamps[3 * k], t);
+    atomicMax(&g_stamps[3 * k + 1], t);
+  }
+}
+__device__ __forceinline__ void stamp_exit(int k) {
+  if ((threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
 }
 
 // The round of the current combine: published by the dispatch plan's block 0 (state[6]),
@@ -361,8 +387,12 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        if (p.entry_release) {  // experiment (round 14): the release add alone orders the block's table stores
+          for (int r = 0; r < p.W; ++r) red_add_release_sys(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        } else {
+          __threadfence_system();
+          for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        }
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
@@ -403,6 +433,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
                                                                      const int* __restrict__ nptr, int n_host, int rows) {
+  stamp_entry(ST_SEND);
   const unsigned long long round = p.state[0] + 1;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
@@ -419,7 +450,10 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   }
   extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
   if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem);
-  if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
+  if (p.ce_send) {  // the tokens cross by copy engine (launch_ce_send)
+    stamp_exit(ST_SEND);
+    return;
+  }
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks =
@@ -465,6 +499,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                          NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
     }
   }
+  stamp_exit(ST_SEND);
 }
 
 // Copy-engine send, per chunk of tokens [t0, t1): after the chunk's copies into every
@@ -491,6 +526,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
                                                              int64_t* __restrict__ tpe, int64_t* __restrict__ offs,
                                                              int* __restrict__ sg, int* __restrict__ stok,
                                                              int* __restrict__ sk, int weighted) {
+  stamp_entry(ST_PLAN);
   launch_dependents();  // the copy kernel may be scheduled now; it waits for this grid's end
   extern __shared__ unsigned smem[];
   __shared__ int sh_n[MAXW];
@@ -514,6 +550,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   for (int i = tid; i < nmw * L; i += blockDim.x) msk[i] = 0;
   __syncthreads();
+  stamp_exit(ST_PLAN_WAITED);
 
   // Phase 1: masks and chunk counts.
   const long long u = (long long)c * CH + tid;
@@ -531,56 +568,92 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-  for (int e = tid; e < L; e += blockDim.x) {
-    int s = 0;
-    for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
-    p.cnt[(long long)c * L + e] = s;
-    before[e] = 0;
-    totals[e] = 0;
-  }
-  // Grid barrier on a counter that is never reset: this launch's blocks all see the same
-  // generation (old / nchunks); the next launch on this context starts after this one ends.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
-    const unsigned long long need = (gen + 1) * gridDim.x;
-    const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-    for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
-      if ((i & 31) == 0 && gtimer() > deadline) {
-        report_error(p, PH_DISPATCH_GRID, -1, round);
-        break;
+  if (p.plan_redundant) {
+    // Small arenas (experiment, round 14): every block counts the whole routing table itself
+    // (before[e]: rows of earlier chunks, totals[e]: all rows) instead of publishing its
+    // chunk's counts and meeting the other blocks at a grid barrier. PLAN_RB loads in flight
+    // per thread before their shared-memory adds.
+    for (int e = tid; e < L; e += blockDim.x) {
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    __syncthreads();
+    constexpr int PLAN_RB = 8;
+    const int nids = G * M * topk, mine = c * CH;  // small arena: fits int
+    for (int i0 = tid; i0 < nids; i0 += PLAN_RB * (int)blockDim.x) {
+      int ev[PLAN_RB];
+      bool early[PLAN_RB];
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        const int i = i0 + j * (int)blockDim.x, uu = i / topk, gg = uu / M, tt = uu % M;
+        ev[j] = -1;
+        early[j] = uu < mine;
+        if (i < nids && tt < sh_n[gg])
+          ev[j] = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                               table_token_off(p, tt))[i % topk] - p.rank * L;
+      }
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        if (ev[j] >= 0 && ev[j] < L) {
+          atomicAdd(&totals[ev[j]], 1);
+          if (early[j]) atomicAdd(&before[ev[j]], 1);
+        }
       }
     }
-  }
-  __syncthreads();
-  // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
-  // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
-  // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
-  // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
-  {
-    constexpr int PLAN_BATCH = 16;
-    const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
-    const int R = (int)blockDim.x / cols;  // threads per expert column
-    const int r0 = tid / cols;
-    if (r0 < R) {
-      for (int e = tid % cols; e < L; e += cols) {
-        int b = 0, tot = 0;
-        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
-          int v[PLAN_BATCH];
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            const int cc = c0 + j * R;
-            v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
-          }
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            tot += v[j];
-            if (c0 + j * R < c) b += v[j];
-          }
+    stamp_exit(ST_PLAN_BARRIER);
+  } else {
+    for (int e = tid; e < L; e += blockDim.x) {
+      int s = 0;
+      for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
+      p.cnt[(long long)c * L + e] = s;
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    // Grid barrier on a counter that is never reset: this launch's blocks all see the same
+    // generation (old / nchunks); the next launch on this context starts after this one ends.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
+      const unsigned long long need = (gen + 1) * gridDim.x;
+      const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+      for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
+        if ((i & 31) == 0 && gtimer() > deadline) {
+          report_error(p, PH_DISPATCH_GRID, -1, round);
+          break;
         }
-        atomicAdd(&before[e], b);
-        atomicAdd(&totals[e], tot);
+      }
+    }
+    __syncthreads();
+    stamp_exit(ST_PLAN_BARRIER);
+    // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
+    // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
+    // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
+    // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
+    {
+      constexpr int PLAN_BATCH = 16;
+      const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
+      const int R = (int)blockDim.x / cols;  // threads per expert column
+      const int r0 = tid / cols;
+      if (r0 < R) {
+        for (int e = tid % cols; e < L; e += cols) {
+          int b = 0, tot = 0;
+          for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
+            int v[PLAN_BATCH];
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              const int cc = c0 + j * R;
+              v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
+            }
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              tot += v[j];
+              if (c0 + j * R < c) b += v[j];
+            }
+          }
+          atomicAdd(&before[e], b);
+          atomicAdd(&totals[e], tot);
+        }
       }
     }
   }
@@ -638,7 +711,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-
+  stamp_exit(ST_PLAN);
 }
 
 // Dispatch receive, part 2: payload copies. Work item = (received token (g, t), piece): a
@@ -718,6 +791,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
   grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
+  stamp_entry(ST_COPY);
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -753,6 +827,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     __syncwarp();  // sh_rows is rewritten by the next token
     if constexpr (!DYNAMIC) break;
   }
+  stamp_exit(ST_COPY);
 }
 
 // Direct receive (experiment, round 16; MOE_BACKEND_NVSHMEM_DIRECT_RECV=1, see create_ctx): one
@@ -767,6 +842,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
     Params p, char* __restrict__ tokens, float* __restrict__ scales, float* __restrict__ weights,
     int64_t* __restrict__ tpe, int64_t* __restrict__ offs, int* __restrict__ sg, int* __restrict__ stok,
     int* __restrict__ sk, int weighted, const char* __restrict__ x, const char* __restrict__ xscale, int xrows) {
+  stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
   extern __shared__ int base[];  // [G + 1][L]: first row of each (group, local expert); [G]: totals
   __shared__ int sh_rows[NWARPS][64];
   __shared__ int sh_n[MAXW];
@@ -825,7 +901,10 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   const int total = G * M;
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
   const int item = (int)blockIdx.x * NWARPS + warp;
-  if (item >= total * P) return;
+  if (item >= total * P) {
+    stamp_exit(ST_COPY);
+    return;
+  }
   const int piece = item % P;
   int gg, tt;
   item_token(p, item / P, gg, tt);
@@ -858,6 +937,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   }
   __syncwarp();
   copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
+  stamp_exit(ST_COPY);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1097,6 +1177,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
 __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
+  stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
   extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
   __shared__ const TY* sh_rows[NWARPS][64];
@@ -1104,7 +1185,11 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
-  if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  if (blockIdx.x == 0 && threadIdx.x < p.W) {
+    // experiment (round 14): "entered" orders nothing of this kernel, like the dispatch's
+    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[threadIdx.x], sig_barrier(p, p.rank)), round);
+    else raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  }
 
   const int S = p.comb_slices;
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
@@ -1113,6 +1198,7 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
+  stamp_exit(ST_CSEND_LOOP);
   for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
        i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
     const int sl = (int)(i % S);
@@ -1133,6 +1219,7 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
     }
     __syncwarp();
     if (nk == 0) continue;
+    stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
@@ -1163,13 +1250,16 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
       }
     }
     __syncwarp();
+    stamp_exit(ST_CSEND_SUMMED);
     if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
       // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
       // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
-      if (lane == 0)
+      if (lane == 0) {
+        stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
         for (int q = 0; q < p.tp; ++q)
           st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
+      }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
@@ -1183,6 +1273,7 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
     }
     __syncwarp();
   }
+  stamp_exit(ST_CSEND_ITEMS);
   if constexpr (FUSED) {
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
@@ -1192,6 +1283,7 @@ __global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
   }
+  stamp_exit(ST_CSEND);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1265,12 +1357,14 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // the output dtype; zeros elsewhere. The last block to finish advances the round counter.
 template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+  stamp_entry(ST_CRECV);
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
   combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
+  stamp_exit(ST_CRECV);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1369,7 +1463,8 @@ struct Ctx {
 // 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
-constexpr long long COMB_FUSED_MIN_TOKENS = 4096;  // results/gpu/2026-11-30-round8-fused-ab
+constexpr long long COMB_FUSED_MIN_TOKENS = 4096;
+constexpr long long PLAN_REDUNDANT_MAX_IDS = 16384;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
   MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -1458,6 +1553,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
   p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", false, true) ? 1 : 0;
+  p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", false, true) ? 1 : 0;
+  // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
+  // a wash at decode, so off by default here).
+  p->plan_redundant = env_switch("MOE_BACKEND_NVSHMEM_PLAN_REDUNDANT", false, true) &&
+                              (long long)p->G * p->M * p->topk <= PLAN_REDUNDANT_MAX_IDS ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -2101,6 +2201,29 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
   CUDA_OK(cudaGetLastError());
 }
 
+// Timeline stamps (diagnostic): mode 1 resets them and turns them on, 0 turns them off; both
+// return the stamps as they were (int64 [3 * NSTAMP], ns of %globaltimer: first entry, last
+// entry, last exit per stamp; a first entry no block reached reads -1, the others 0).
+// Synchronises the device.
+at::Tensor timeline_stamps(int64_t mode) {
+  MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  unsigned long long host[3 * NSTAMP];
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));
+  at::Tensor out = at::empty({3 * NSTAMP}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(out.data_ptr<int64_t>(), host, sizeof(host));
+  if (mode == 1)
+    for (int k = 0; k < NSTAMP; ++k) {
+      host[3 * k] = ~0ULL;
+      host[3 * k + 1] = host[3 * k + 2] = 0;
+    }
+  const int on = (int)mode;
+  if (mode == 1) CUDA_OK(cudaMemcpyToSymbol(g_stamps, host, sizeof(host)));
+  CUDA_OK(cudaMemcpyToSymbol(g_stamps_on, &on, sizeof(on)));
+  CUDA_OK(cudaDeviceSynchronize());
+  return out;
+}
+
 }  // namespace moe
 
 TORCH_LIBRARY(moe_backend, m) {
@@ -2124,6 +2247,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("barrier_all() -> ()", moe::barrier_all);
   m.def("num_sms(int device) -> int", moe::num_sms);
   m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
+  m.def("timeline_stamps(int mode) -> Tensor", moe::timeline_stamps);
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 
