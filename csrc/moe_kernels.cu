@@ -57,6 +57,11 @@ struct Params {
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
 };
 
+// Bit mask of this rank's group (its tp replicas): the ranks the dispatch send skips.
+__host__ __device__ inline unsigned long long own_group_ranks(const Params& p) {
+  return p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));
+}
+
 // Signal slots (uint64) inside the arena's signal region.
 __host__ __device__ inline long long sig_arrive(const Params& p, int r) { return r; }
 __host__ __device__ inline long long sig_table(const Params& p, int g) { return p.W + g; }
@@ -456,8 +461,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   }
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  const unsigned long long own_ranks =
-      p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));  // this group's replicas
+  const unsigned long long own_ranks = own_group_ranks(p);
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table.
   for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
@@ -1586,7 +1590,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const bool dense = dense_fraction(p->E, p->L, p->topk) >= CE_MIN_DENSITY;
     const bool can = p->nvl && cx->overlap;
     p->ce_send = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", dense && !one_queue, true);
-    cx->ce_forced = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
+    cx->ce_forced = p->ce_send && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
   }
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
@@ -1756,14 +1760,14 @@ static void join_send_side(Ctx& cx, cudaStream_t stream) {
 // slots [group][t] of every rank outside this group (through the mapped arenas), then a
 // one-block kernel raises the chunk's token flags there. Every token crosses, whether or not
 // it routes to that rank (worth it when nearly all do, as at prefill sizes with few ranks);
-// with a device-side token count every row of x crosses and only rows < n are flagged.
+// with a device-side token count (nptr) every row of x crosses (n = rows) and only rows
+// below the count are flagged.
 // The SMs are left to the receive's copy, which otherwise competed with the send's stores.
 constexpr int CE_MIN_CHUNK = 64;
 
-static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n_host, int rows,
+static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n,
                            unsigned long long dests) {
   const Params& p = cx.p;
-  const int n = nptr ? rows : std::max(0, std::min(n_host, rows));
   const int S = (int)cx.ce_copy.size();
   for (auto st : cx.ce_copy) CUDA_OK(cudaStreamWaitEvent(st, cx.fork, 0));
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
@@ -1856,9 +1860,8 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   // queues, and a flag kernel queued behind the receive's polling kernels did not start until
   // they timed out (round 15). Queued first, its items wait only for local copies.
   if (ps.ce_send) {
-    const unsigned long long own = p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));
     const unsigned long long all = p.W >= 64 ? ~0ULL : ((1ULL << p.W) - 1ULL);
-    launch_ce_send(cx, xp, reinterpret_cast<const char*>(sp), np, (int)n_host, rows, all & ~own);
+    launch_ce_send(cx, xp, reinterpret_cast<const char*>(sp), np, n_send, all & ~own_group_ranks(p));
   }
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
