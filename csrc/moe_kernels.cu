@@ -38,7 +38,10 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int entry_release;  // experiment (round 14): MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=1
+  int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
+  int direct;       // experiment (round 16): sender-side expert ranks, one receive kernel (dispatch_direct_kernel)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -91,6 +94,9 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
   return v;
 }
+__device__ __forceinline__ void red_add_release_sys(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
@@ -103,6 +109,27 @@ __device__ __forceinline__ unsigned long long gtimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Timeline stamps (diagnostic, branch exp/round14; scripts/kernel_timeline.py): while on, the
+// blocks record %globaltimer: each kernel's first and last block entry (thread 0 of each
+// block) and last exit (lane 0 of each warp), and the latest of these moments: the plan's
+// waits done, its grid barrier passed; the combine send's warps at their first item, past an
+// item's row map, its sums, its fence (nvlink), and done with all their send items (in the
+// fused combine, the start of its receive half).
+enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
+             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
+__device__ int g_stamps_on;
+__device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
+__device__ __forceinline__ void stamp_entry(int k) {
+  if (threadIdx.x == 0 && g_stamps_on) {
+    const unsigned long long t = gtimer();
+    atomicMin(&g_stamps[3 * k], t);
+    atomicMax(&g_stamps[3 * k + 1], t);
+  }
+}
+__device__ __forceinline__ void stamp_exit(int k) {
+  if ((threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
 }
 
 // The round of the current combine: published by the dispatch plan's block 0 (state[6]),
@@ -309,18 +336,68 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 }
 
 // Portions j = block, block + grid, ... of this group's table, each announced to every rank.
+// Direct receive (experiment, round 16; nvlink, one table portion): the table as above, but
+// each valid id carries its token's rank among the group's tokens routed to that expert,
+// (rank << 16) | id, and after the tokens come count[E] int32 (the group's tokens per expert).
+// The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
+// groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
+__device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
+                                   const float* __restrict__ w, int n, unsigned* msk) {
+  const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
+  const int nw = (p.M + 31) / 32;
+  for (int i = tid; i < E * nw; i += nt) msk[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n * topk; i += nt) {
+    const int id = ids[i], t = i / topk;
+    if (id >= 0 && id < E) atomicOr(&msk[id * nw + (t >> 5)], 1u << (t & 31));
+  }
+  __syncthreads();
+  for (int i = tid; i < n * topk; i += nt) {
+    const int id = ids[i], t = i / topk, k = i % topk;
+    int v = -1;
+    if (id >= 0 && id < E) {
+      int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
+      for (int j = 0; j < (t >> 5); ++j) rank += __popc(msk[id * nw + j]);
+      v = (rank << 16) | id;
+    }
+    const float wv = w ? w[i] : 0.0f;
+    const long long o = table_token_off(p, t) + k * 4;
+    for (int r = 0; r < p.W; ++r) {
+      *reinterpret_cast<int*>(p.peer[r] + toff + o) = v;
+      if (w) *reinterpret_cast<float*>(p.peer[r] + toff + o + topk * 4) = wv;
+    }
+  }
+  const long long coff = 16 + (long long)p.M * topk * 8;
+  for (int e = tid; e < E; e += nt) {
+    int cnt = 0;
+    for (int j = 0; j < nw; ++j) cnt += __popc(msk[e * nw + j]);
+    for (int r = 0; r < p.W; ++r) *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
+  }
+  if (tid == 0)
+    for (int r = 0; r < p.W; ++r) {
+      reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
+      reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
+    }
+}
+
 template <bool NVL>
-__device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n) {
+__device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
+                           unsigned* msk) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
   for (int j = blockIdx.x; j < table_portions(p); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
+      if (p.direct) write_table_direct(p, toff, ids, w, n, msk);  // one portion (create_ctx)
+      else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       if (threadIdx.x == 0) {
-        __threadfence_system();
-        for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        if (p.entry_release) {  // experiment (round 14): the release add alone orders the block's table stores
+          for (int r = 0; r < p.W; ++r) red_add_release_sys(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        } else {
+          __threadfence_system();
+          for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
+        }
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
@@ -361,6 +438,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
                                                                      const int* __restrict__ nptr, int n_host, int rows) {
+  stamp_entry(ST_SEND);
   const unsigned long long round = p.state[0] + 1;
   int n = nptr ? *nptr : n_host;
   n = n < 0 ? 0 : (n > rows ? rows : n);
@@ -375,8 +453,12 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
       else raise_flag<false>(p, sig_arrive(p, p.rank), tid, round);
     }
   }
-  if (p.replica == 0) send_table<NVL>(p, ids, w, n);
-  if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
+  extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
+  if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem);
+  if (p.ce_send) {  // the tokens cross by copy engine (launch_ce_send)
+    stamp_exit(ST_SEND);
+    return;
+  }
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks = own_group_ranks(p);
@@ -421,6 +503,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                                          NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
     }
   }
+  stamp_exit(ST_SEND);
 }
 
 // Copy-engine send, per chunk of tokens [t0, t1): after the chunk's copies into every
@@ -447,6 +530,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
                                                              int64_t* __restrict__ tpe, int64_t* __restrict__ offs,
                                                              int* __restrict__ sg, int* __restrict__ stok,
                                                              int* __restrict__ sk, int weighted) {
+  stamp_entry(ST_PLAN);
   launch_dependents();  // the copy kernel may be scheduled now; it waits for this grid's end
   extern __shared__ unsigned smem[];
   __shared__ int sh_n[MAXW];
@@ -470,6 +554,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   for (int i = tid; i < nmw * L; i += blockDim.x) msk[i] = 0;
   __syncthreads();
+  stamp_exit(ST_PLAN_WAITED);
 
   // Phase 1: masks and chunk counts.
   const long long u = (long long)c * CH + tid;
@@ -487,56 +572,92 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-  for (int e = tid; e < L; e += blockDim.x) {
-    int s = 0;
-    for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
-    p.cnt[(long long)c * L + e] = s;
-    before[e] = 0;
-    totals[e] = 0;
-  }
-  // Grid barrier on a counter that is never reset: this launch's blocks all see the same
-  // generation (old / nchunks); the next launch on this context starts after this one ends.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
-    const unsigned long long need = (gen + 1) * gridDim.x;
-    const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-    for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
-      if ((i & 31) == 0 && gtimer() > deadline) {
-        report_error(p, PH_DISPATCH_GRID, -1, round);
-        break;
+  if (p.plan_redundant) {
+    // Small arenas (experiment, round 14): every block counts the whole routing table itself
+    // (before[e]: rows of earlier chunks, totals[e]: all rows) instead of publishing its
+    // chunk's counts and meeting the other blocks at a grid barrier. PLAN_RB loads in flight
+    // per thread before their shared-memory adds.
+    for (int e = tid; e < L; e += blockDim.x) {
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    __syncthreads();
+    constexpr int PLAN_RB = 8;
+    const int nids = G * M * topk, mine = c * CH;  // small arena: fits int
+    for (int i0 = tid; i0 < nids; i0 += PLAN_RB * (int)blockDim.x) {
+      int ev[PLAN_RB];
+      bool early[PLAN_RB];
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        const int i = i0 + j * (int)blockDim.x, uu = i / topk, gg = uu / M, tt = uu % M;
+        ev[j] = -1;
+        early[j] = uu < mine;
+        if (i < nids && tt < sh_n[gg])
+          ev[j] = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                               table_token_off(p, tt))[i % topk] - p.rank * L;
+      }
+#pragma unroll
+      for (int j = 0; j < PLAN_RB; ++j) {
+        if (ev[j] >= 0 && ev[j] < L) {
+          atomicAdd(&totals[ev[j]], 1);
+          if (early[j]) atomicAdd(&before[ev[j]], 1);
+        }
       }
     }
-  }
-  __syncthreads();
-  // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
-  // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
-  // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
-  // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
-  {
-    constexpr int PLAN_BATCH = 16;
-    const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
-    const int R = (int)blockDim.x / cols;  // threads per expert column
-    const int r0 = tid / cols;
-    if (r0 < R) {
-      for (int e = tid % cols; e < L; e += cols) {
-        int b = 0, tot = 0;
-        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
-          int v[PLAN_BATCH];
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            const int cc = c0 + j * R;
-            v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
-          }
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            tot += v[j];
-            if (c0 + j * R < c) b += v[j];
-          }
+    stamp_exit(ST_PLAN_BARRIER);
+  } else {
+    for (int e = tid; e < L; e += blockDim.x) {
+      int s = 0;
+      for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
+      p.cnt[(long long)c * L + e] = s;
+      before[e] = 0;
+      totals[e] = 0;
+    }
+    // Grid barrier on a counter that is never reset: this launch's blocks all see the same
+    // generation (old / nchunks); the next launch on this context starts after this one ends.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
+      const unsigned long long need = (gen + 1) * gridDim.x;
+      const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+      for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
+        if ((i & 31) == 0 && gtimer() > deadline) {
+          report_error(p, PH_DISPATCH_GRID, -1, round);
+          break;
         }
-        atomicAdd(&before[e], b);
-        atomicAdd(&totals[e], tot);
+      }
+    }
+    __syncthreads();
+    stamp_exit(ST_PLAN_BARRIER);
+    // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
+    // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
+    // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
+    // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
+    {
+      constexpr int PLAN_BATCH = 16;
+      const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
+      const int R = (int)blockDim.x / cols;  // threads per expert column
+      const int r0 = tid / cols;
+      if (r0 < R) {
+        for (int e = tid % cols; e < L; e += cols) {
+          int b = 0, tot = 0;
+          for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
+            int v[PLAN_BATCH];
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              const int cc = c0 + j * R;
+              v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
+            }
+#pragma unroll
+            for (int j = 0; j < PLAN_BATCH; ++j) {
+              tot += v[j];
+              if (c0 + j * R < c) b += v[j];
+            }
+          }
+          atomicAdd(&before[e], b);
+          atomicAdd(&totals[e], tot);
+        }
       }
     }
   }
@@ -594,7 +715,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-
+  stamp_exit(ST_PLAN);
 }
 
 // Dispatch receive, part 2: payload copies. Work item = (received token (g, t), piece): a
@@ -612,20 +733,75 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
 // each of the token's local-expert rows with streaming stores (the ~470 MB of rows at the
 // prefill shape must not evict the slots from L2). The last piece also copies the scales.
 constexpr int RECV_UNROLL = 4;
+
+// Source token (g, t) of receive item i: the own group's tokens first (t = i), then the other
+// groups' in (t, g) order, the order they arrive in.
+__device__ __forceinline__ void item_token(const Params& p, int i, int& gg, int& tt) {
+  if (i < p.M) {
+    gg = p.group;
+    tt = i;
+  } else {
+    const int j = i - p.M, o = j % (p.G - 1);
+    tt = j / (p.G - 1);
+    gg = o < p.group ? o : o + 1;
+  }
+}
+
+// Warp: piece `piece` of P of token (gg, tt)'s row (the own group's from x, another group's
+// from its slot after its flag) into the nk expert rows `rows`; the last piece also copies the
+// scales. Nothing is copied after a timeout.
+__device__ __forceinline__ void copy_token_piece(const Params& p, char* __restrict__ tokens, float* __restrict__ scales,
+                                                 const char* __restrict__ x, const char* __restrict__ xscale,
+                                                 const int* rows, int nk, int gg, int tt, int piece, int P,
+                                                 unsigned long long round, int lane) {
+  const bool own = gg == p.group;
+  const long long uu = (long long)gg * p.M + tt;
+  const int aligned_row = (p.row_bytes + 15) & ~15;
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
+  int arrived = own ? 1 : 0;
+  if (!own && nk > 0 && lane == 0)
+    arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
+  if (nk == 0 || !arrived) return;
+  const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
+  const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
+  if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    const int c1 = min(n16, (piece + 1) * per16);
+    for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * RECV_UNROLL) {
+      int4 v[RECV_UNROLL];
+#pragma unroll
+      for (int u = 0; u < RECV_UNROLL; ++u)
+        if (c0 + 32 * u < c1) v[u] = __ldcg(s + c0 + 32 * u);
+      for (int j = 0; j < nk; ++j) {
+        int4* d = reinterpret_cast<int4*>(tokens + (long long)rows[j] * p.row_bytes);
+#pragma unroll
+        for (int u = 0; u < RECV_UNROLL; ++u)
+          if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
+      }
+    }
+  } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
+    for (int j = 0; j < nk; ++j) warp_copy(tokens + (long long)rows[j] * p.row_bytes, src, p.row_bytes, lane);
+  }
+  if (p.scale_bytes && piece == P - 1)
+    for (int j = 0; j < nk; ++j)
+      warp_copy(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes, ssrc, p.scale_bytes, lane);
+}
+
 template <bool DYNAMIC>
 __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, char* __restrict__ tokens,
                                                                     float* __restrict__ scales,
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
   grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
+  stamp_entry(ST_COPY);
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, M = p.M, G = p.G, me = p.group, P = DYNAMIC ? 1 : p.copy_pieces;
-  const int aligned_row = (p.row_bytes + 15) & ~15;
   const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
   const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
-  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
   for (int item = DYNAMIC ? -1 : (int)blockIdx.x * NWARPS + warp;;) {
     if constexpr (DYNAMIC) {
       unsigned long long next = 0;
@@ -634,19 +810,11 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       item = next < (unsigned long long)total * P ? (int)next : total * P;
     }
     if (item >= total * P) break;
-    const int i = item / P, piece = item % P;
+    const int piece = item % P;
     int gg, tt;
-    if (i < M) {
-      gg = me;
-      tt = i;
-    } else {
-      const int j = i - M, o = j % (G - 1);
-      tt = j / (G - 1);
-      gg = o < me ? o : o + 1;
-    }
+    item_token(p, item / P, gg, tt);
     const bool own = gg == me;
-    const long long uu = (long long)gg * M + tt;
-    const int* rm = p.rowmap + uu * topk;
+    const int* rm = p.rowmap + ((long long)gg * M + tt) * topk;
     int nk = 0;
     if (!own || tt < xrows) {  // own rows past x's rows: only after a timeout (garbage plan)
       for (int k0 = 0; k0 < topk; k0 += 32) {
@@ -659,41 +827,121 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
       }
     }
     __syncwarp();
-    int arrived = own ? 1 : 0;
-    if (!own && nk > 0 && lane == 0)
-      arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
-    if (nk > 0 && arrived) {  // nothing is copied after a timeout
-      const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
-      const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
-      if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
-        const int4* s = reinterpret_cast<const int4*>(src);
-        const int c1 = min(n16, (piece + 1) * per16);
-        for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * RECV_UNROLL) {
-          int4 v[RECV_UNROLL];
-#pragma unroll
-          for (int u = 0; u < RECV_UNROLL; ++u)
-            if (c0 + 32 * u < c1) v[u] = __ldcg(s + c0 + 32 * u);
-          for (int j = 0; j < nk; ++j) {
-            int4* d = reinterpret_cast<int4*>(tokens + (long long)sh_rows[warp][j] * p.row_bytes);
-#pragma unroll
-            for (int u = 0; u < RECV_UNROLL; ++u)
-              if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
-          }
-        }
-      } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
-        for (int j = 0; j < nk; ++j)
-          warp_copy(tokens + (long long)sh_rows[warp][j] * p.row_bytes, src, p.row_bytes, lane);
-      }
-      if (p.scale_bytes && piece == P - 1)
-        for (int j = 0; j < nk; ++j)
-          warp_copy(reinterpret_cast<char*>(scales) + (long long)sh_rows[warp][j] * p.scale_bytes, ssrc,
-                    p.scale_bytes, lane);
-    }
+    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
     __syncwarp();  // sh_rows is rewritten by the next token
     if constexpr (!DYNAMIC) break;
   }
+  stamp_exit(ST_COPY);
+}
+
+// Direct receive (experiment, round 16; MOE_BACKEND_NVSHMEM_DIRECT_RECV=1, see create_ctx): one
+// kernel instead of plan + copy, for small nvlink arenas whose senders ship expert ranks and
+// counts with their tables (write_table_direct). Every block waits for the tables and derives
+// the expert offsets from the G x L counts (a few hundred ints); then each warp takes one item
+// (a token piece) as in the copy kernel: it places the token's rows (offset + earlier groups'
+// rows + rank), writes the metadata and the combine row map (piece 0), and copies its piece.
+// Block 0 also waits for every rank's arrive flag and publishes what the plan publishes.
+// Saves the plan's masks, count matrix and grid barrier, and the second launch.
+__global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
+    Params p, char* __restrict__ tokens, float* __restrict__ scales, float* __restrict__ weights,
+    int64_t* __restrict__ tpe, int64_t* __restrict__ offs, int* __restrict__ sg, int* __restrict__ stok,
+    int* __restrict__ sk, int weighted, const char* __restrict__ x, const char* __restrict__ xscale, int xrows) {
+  stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
+  extern __shared__ int base[];  // [G + 1][L]: first row of each (group, local expert); [G]: totals
+  __shared__ int sh_rows[NWARPS][64];
+  __shared__ int sh_n[MAXW];
+  const unsigned long long round = p.state[0] + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
+  if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  if (tid < G) {
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round, PH_DISPATCH_RECV, tid * p.tp, round);
+    const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+    sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+  }
+  __syncthreads();
+  const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
+  for (int e = tid; e < L; e += blockDim.x) {
+    int acc = 0;
+    for (int g = 0; g < G; ++g) {
+      base[g * L + e] = acc;
+      acc += __ldcg(reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + coff) +
+                    p.rank * L + e);
+    }
+    base[G * L + e] = acc;
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the totals, as in the plan
+    const int per = (L + 31) / 32, e0 = lane * per, e1 = min(L, e0 + per);
+    int run = 0;
+    for (int e = e0; e < e1; ++e) run += base[G * L + e];
+    int incl = run;
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    int off = incl - run;
+    for (int e = e0; e < e1; ++e) {
+      const int col = base[G * L + e];
+      if (blockIdx.x == 0) {
+        tpe[e] = col;
+        offs[e] = off;
+      }
+      for (int g = 0; g < G; ++g) base[g * L + e] += off;
+      off += col;
+    }
+    if (blockIdx.x == 0 && lane == 31) {
+      offs[L] = incl;
+      p.state[5] = 0;
+      p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
+      p.state[2] = 0;
+      p.state[7] = 0;
+      int nmax = 0;
+      for (int gg = 0; gg < G; ++gg) nmax = sh_n[gg] > nmax ? sh_n[gg] : nmax;
+      p.state[8] = (unsigned long long)nmax;
+    }
+  }
+  __syncthreads();
+  const int total = G * M;
+  const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
+  const int item = (int)blockIdx.x * NWARPS + warp;
+  if (item >= total * P) {
+    stamp_exit(ST_COPY);
+    return;
+  }
+  const int piece = item % P;
+  int gg, tt;
+  item_token(p, item / P, gg, tt);
+  const long long uu = (long long)gg * M + tt;
+  const int* tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                                 table_token_off(p, tt));
+  const bool live = tt < sh_n[gg] && (gg != p.group || tt < xrows);
+  int nk = 0;
+  for (int k0 = 0; k0 < topk; k0 += 32) {
+    const int k = k0 + lane;
+    int row = -1;
+    if (k < topk && live) {
+      const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
+      const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
+      if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
+    }
+    const bool ok = row >= 0 && row < R;  // range-checked: a timed-out round reads garbage
+    if (piece == 0 && k < topk) {
+      p.rowmap[uu * topk + k] = ok ? row : -1;
+      if (ok) {
+        sg[row] = gg;
+        stok[row] = tt;
+        sk[row] = k;
+        if (weighted) weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+      }
+    }
+    const unsigned b = __ballot_sync(0xffffffffu, ok);
+    if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+    nk += __popc(b);
+  }
+  __syncwarp();
+  copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
+  stamp_exit(ST_COPY);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -886,6 +1134,9 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
+// Experiment (round 14, branch only): the fused put-path kernels (no concurrent receive block)
+// may take 128 registers: they spilled 36-76 B at 96, and one 512-thread block per SM holds
+// either way.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
@@ -928,8 +1179,9 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
-__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
+  stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
   extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
   __shared__ const TY* sh_rows[NWARPS][64];
@@ -937,7 +1189,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
-  if (blockIdx.x == 0 && threadIdx.x < p.W) raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  if (blockIdx.x == 0 && threadIdx.x < p.W) {
+    // experiment (round 14): "entered" orders nothing of this kernel, like the dispatch's
+    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[threadIdx.x], sig_barrier(p, p.rank)), round);
+    else raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+  }
 
   const int S = p.comb_slices;
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
@@ -946,6 +1202,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
+  stamp_exit(ST_CSEND_LOOP);
   for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
        i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
     const int sl = (int)(i % S);
@@ -966,6 +1223,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
     if (nk == 0) continue;
+    stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
@@ -996,13 +1254,16 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       }
     }
     __syncwarp();
+    stamp_exit(ST_CSEND_SUMMED);
     if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
       // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
       // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
-      if (lane == 0)
+      if (lane == 0) {
+        stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
         for (int q = 0; q < p.tp; ++q)
           st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
+      }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
@@ -1016,6 +1277,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
   }
+  stamp_exit(ST_CSEND_ITEMS);
   if constexpr (FUSED) {
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
@@ -1025,6 +1287,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
   }
+  stamp_exit(ST_CSEND);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1098,12 +1361,14 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // the output dtype; zeros elsewhere. The last block to finish advances the round counter.
 template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+  stamp_entry(ST_CRECV);
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
   combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
+  stamp_exit(ST_CRECV);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1136,8 +1401,12 @@ static std::string msg(const A&... parts) {
 // for the first kernel on the SM (a send with ~0 KB of shared memory gets a small one), and a
 // receive needing more waits until the SM drains: measured, the overlapped combine receive
 // started only as the send's blocks retired. Our kernels stream through L2: L1 is not needed.
+static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
 static bool max_shared_carveout(K kernel) {
+  // Experiment (round 13's knob, for round 16's prefill measurement): =0 leaves the default.
+  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", true);
+  if (!on) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
   return true;
@@ -1181,8 +1450,12 @@ struct Ctx {
   // Copy-engine send (p.ce_send, see launch_ce_send): copies on `ce_copy`, each chunk's flags
   // raised by a kernel on `ce_flags` behind the chunk's event `ce_done[c]`; dispatch_recv joins
   // `ce_join` (ce_pending), and x / x_scale are held until then like for the receive.
-  cudaStream_t ce_copy = nullptr, ce_flags = nullptr;
-  std::vector<cudaEvent_t> ce_done;
+  // Experiment (round 16): MOE_BACKEND_NVSHMEM_CE_STREAMS=k spreads the copies over k streams
+  // (copy j of chunk c, over its destination ranks, on stream (c * dests + j) % k), so that one
+  // chunk's event does not hold the next copy and several ranks' copies run at once.
+  std::vector<cudaStream_t> ce_copy;
+  cudaStream_t ce_flags = nullptr;
+  std::vector<cudaEvent_t> ce_done;  // [chunk][stream]
   cudaEvent_t ce_join = nullptr;
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
@@ -1194,7 +1467,8 @@ struct Ctx {
 // 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
-constexpr long long COMB_FUSED_MIN_TOKENS = 4096;  // results/gpu/2026-11-30-round8-fused-ab
+constexpr long long COMB_FUSED_MIN_TOKENS = 4096;
+constexpr long long PLAN_REDUNDANT_MAX_IDS = 16384;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
   MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -1203,7 +1477,7 @@ static Ctx& CX(int64_t ctx) {
 
 // An on/off choice read when an arena is created: `name`=0 turns it off, `name`=1 turns it on
 // if `can_force` (otherwise the default stands), anything else or unset: `dflt`.
-static bool env_switch(const char* name, bool dflt, bool can_force = false) {
+static bool env_switch(const char* name, bool dflt, bool can_force) {
   const char* v = std::getenv(name);
   if (v && v[0] == '0') return false;
   if (v && v[0] == '1' && can_force) return true;
@@ -1243,6 +1517,18 @@ static double dense_fraction(int E, int L, int topk) {
   return 1.0 - none;
 }
 
+// Direct receive (experiment, round 16): nvlink; the table in one portion (written by one
+// block); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
+// shared memory; one warp per item within one block per SM.
+constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
+static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
+static bool direct_recv_fits(const Params& p) {
+  const long long items = (long long)p.G * p.M * p.copy_pieces;
+  return p.nvl && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
+         p.E < 65536 && direct_send_smem(p) <= DIRECT_MAX_SMEM && (size_t)(p.G + 1) * p.L * 4 <= DIRECT_MAX_SMEM &&
+         (items + NWARPS - 1) / NWARPS <= p.num_sms;
+}
+
 int64_t create_ctx(std::vector<int64_t> c) {
   MOE_CHECK(c.size() >= 37, "create_ctx: short config");
   auto* cx = new Ctx();
@@ -1270,6 +1556,12 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
+  p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", false, true) ? 1 : 0;
+  p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", false, true) ? 1 : 0;
+  // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
+  // a wash at decode, so off by default here).
+  p->plan_redundant = env_switch("MOE_BACKEND_NVSHMEM_PLAN_REDUNDANT", false, true) &&
+                              (long long)p->G * p->M * p->topk <= PLAN_REDUNDANT_MAX_IDS ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1322,9 +1614,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
-    CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_copy, cudaStreamNonBlocking));
+    const char* vs = std::getenv("MOE_BACKEND_NVSHMEM_CE_STREAMS");
+    cx->ce_copy.resize(std::max(1, std::min(8, vs && *vs ? std::atoi(vs) : 1)));
+    for (auto& st : cx->ce_copy) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_flags, cudaStreamNonBlocking));
-    cx->ce_done.resize(chunks);
+    cx->ce_done.resize((size_t)chunks * cx->ce_copy.size());
     for (auto& e : cx->ce_done) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&cx->ce_join, cudaEventDisableTiming));
   }
@@ -1348,7 +1642,7 @@ void destroy_ctx(int64_t ctx) {
   cx->keep_s = at::Tensor();
   cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
   cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
-  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
+  for (auto st : cx->ce_copy) cudaStreamDestroy(st);
   if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
   for (auto e : cx->ce_done) cudaEventDestroy(e);
   if (cx->ce_join) cudaEventDestroy(cx->ce_join);
@@ -1390,6 +1684,19 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   at::Tensor sg = at::empty({R}, dev.dtype(at::kInt));
   at::Tensor st = at::empty({R}, dev.dtype(at::kInt));
   at::Tensor sk = at::empty({R}, dev.dtype(at::kInt));
+  const char* xp = reinterpret_cast<const char*>(x.data_ptr());
+  const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
+  if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
+    static const bool carve_direct = max_shared_carveout(dispatch_direct_kernel);
+    (void)carve_direct;
+    const int blocks = (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
+    dispatch_direct_kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
+        p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+        weighted ? weights.data_ptr<float>() : nullptr, tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(),
+        sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(), weighted ? 1 : 0, xp, xsp, (int)x.size(0));
+    CUDA_OK(cudaGetLastError());
+    return {tokens, scales, weights, tpe, offs, sg, st, sk};
+  }
   size_t smem = recv_smem(p);
   static bool attr_set = false;
   if (smem > 48 * 1024 && !attr_set) {
@@ -1461,29 +1768,39 @@ constexpr int CE_MIN_CHUNK = 64;
 static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n,
                            unsigned long long dests) {
   const Params& p = cx.p;
-  CUDA_OK(cudaStreamWaitEvent(cx.ce_copy, cx.fork, 0));
+  const int S = (int)cx.ce_copy.size();
+  for (auto st : cx.ce_copy) CUDA_OK(cudaStreamWaitEvent(st, cx.fork, 0));
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
-  const int chunks = std::max(1, std::min((int)cx.ce_done.size(), (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  const int chunks = std::max(1, std::min((int)cx.ce_done.size() / S, (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  const int ndest = __builtin_popcountll(dests);
   const int per = (n + chunks - 1) / chunks;
   const long long aligned_row = (p.row_bytes + 15) & ~15;
   for (int c = 0; c < chunks; ++c) {
     const int t0 = c * per, t1 = std::min(n, t0 + per);
     if (t0 >= t1 || c % p.tp != p.replica) continue;
     const size_t ntk = (size_t)(t1 - t0);
-    for (unsigned long long m = dests; m; m &= m - 1) {
+    unsigned used = 0;  // streams this chunk's copies went to
+    int j = 0;
+    for (unsigned long long m = dests; m; m &= m - 1, ++j) {
+      const int si = (c * ndest + j) % S;
+      cudaStream_t st = cx.ce_copy[si];
+      used |= 1u << si;
       char* dst = p.peer[__builtin_ctzll(m)] + p.off_disp + ((long long)p.group * p.M + t0) * p.slot_bytes;
       const char* src = x + (long long)t0 * p.row_bytes;
       if (p.slot_bytes == p.row_bytes)
-        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, cx.ce_copy));
+        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, st));
       else
-        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice,
-                                  cx.ce_copy));
+        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice, st));
       if (p.scale_bytes)
         CUDA_OK(cudaMemcpy2DAsync(dst + aligned_row, p.slot_bytes, scale + (long long)t0 * p.scale_bytes, p.scale_bytes,
-                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, cx.ce_copy));
+                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, st));
     }
-    CUDA_OK(cudaEventRecord(cx.ce_done[c], cx.ce_copy));
-    CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
+    for (int si = 0; si < S; ++si) {
+      if (!(used >> si & 1u)) continue;
+      cudaEvent_t ev = cx.ce_done[(size_t)c * S + si];
+      CUDA_OK(cudaEventRecord(ev, cx.ce_copy[si]));
+      CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, ev, 0));
+    }
     ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests);
     CUDA_OK(cudaGetLastError());
   }
@@ -1532,8 +1849,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int n_send = np ? rows : std::max(0, std::min((int)n_host, rows));
   ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
   if (ps.ce_send) blocks = std::min(blocks, table_portions(p));  // the send kernel ships the table only
+  const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   else
     dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
@@ -1886,6 +2204,29 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
   CUDA_OK(cudaGetLastError());
 }
 
+// Timeline stamps (diagnostic): mode 1 resets them and turns them on, 0 turns them off; both
+// return the stamps as they were (int64 [3 * NSTAMP], ns of %globaltimer: first entry, last
+// entry, last exit per stamp; a first entry no block reached reads -1, the others 0).
+// Synchronises the device.
+at::Tensor timeline_stamps(int64_t mode) {
+  MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  unsigned long long host[3 * NSTAMP];
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));
+  at::Tensor out = at::empty({3 * NSTAMP}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(out.data_ptr<int64_t>(), host, sizeof(host));
+  if (mode == 1)
+    for (int k = 0; k < NSTAMP; ++k) {
+      host[3 * k] = ~0ULL;
+      host[3 * k + 1] = host[3 * k + 2] = 0;
+    }
+  const int on = (int)mode;
+  if (mode == 1) CUDA_OK(cudaMemcpyToSymbol(g_stamps, host, sizeof(host)));
+  CUDA_OK(cudaMemcpyToSymbol(g_stamps_on, &on, sizeof(on)));
+  CUDA_OK(cudaDeviceSynchronize());
+  return out;
+}
+
 }  // namespace moe
 
 TORCH_LIBRARY(moe_backend, m) {
@@ -1909,6 +2250,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("barrier_all() -> ()", moe::barrier_all);
   m.def("num_sms(int device) -> int", moe::num_sms);
   m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
+  m.def("timeline_stamps(int mode) -> Tensor", moe::timeline_stamps);
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 

@@ -51,3 +51,5 @@ def test_extension_errors_raise_with_their_numbers():
         probe(16, 0, 64, 7, 1, 0)
     with pytest.raises(RuntimeError, match="nbytes must be a positive multiple of 16, got 60"):
         probe(16, 0, 60, 0, 1, 0)
+    with pytest.raises(RuntimeError, match="timeline_stamps: mode must be 0 or 1, got 3"):
+        torch.ops.moe_backend.timeline_stamps(3)

@@ -143,9 +143,27 @@ def test_contract_suite_with_copy_engine_send():
 def _contract_with_copy_engine_send(seed, count):
     os.environ["MOE_BACKEND_NVSHMEM_CE_SEND"] = "1"  # read when an arena is created
     os.environ["MOE_BACKEND_NVSHMEM_CE_CHUNKS"] = "3"
+    for streams in ("1", "2"):  # experiment (round 16): copies spread over 2 streams
+        os.environ["MOE_BACKEND_NVSHMEM_CE_STREAMS"] = streams
+        _workers.contract_worker(seed, count, ("nvlink",))
+        _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
+        _workers.graph_worker(seed, "nvlink", 4, tokens=300)
+
+
+def test_contract_suite_with_direct_receive():
+    """Experiment (round 16): senders ship expert ranks and counts with their tables and one
+    receive kernel places and copies the rows (MOE_BACKEND_NVSHMEM_DIRECT_RECV=1; nvlink arenas
+    whose table is one portion): the same results, rounds and CUDA-graph replays."""
+    print(f"seed={SEED}")
+    launch.spawn(_contract_with_direct_receive, WORLD, SEED + 7, max(4, COUNT // 2), dist_backend="nccl",
+                 timeout=90 * WORLD)
+
+
+def _contract_with_direct_receive(seed, count):
+    os.environ["MOE_BACKEND_NVSHMEM_DIRECT_RECV"] = "1"  # read when an arena is created
     _workers.contract_worker(seed, count, ("nvlink",))
-    _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
-    _workers.graph_worker(seed, "nvlink", 4, tokens=300)
+    _workers.rounds_worker(seed, "nvlink", 8, tokens=40)
+    _workers.graph_worker(seed, "nvlink", 4, tokens=32)
 
 
 def test_latency_floor_probe_runs():

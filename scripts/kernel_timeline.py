@@ -1,0 +1,125 @@
+"""Where a dispatch's and a combine's time goes on each GPU (diagnostic, branch exp/round14).
+
+Runs a bench preset (default deepseek_decode, nvlink transport) on 2 local GPUs with the
+kernels' timeline stamps on (op `timeline_stamps`: each kernel's first and last block entry
+and last warp exit by %globaltimer, the plan's end of waiting and of its grid barrier, the combine
+send's warps at their first item, row map, sums, fence and end of send items)
+and prints, per token count, the medians over the iterations of
+- dispatch: each kernel's entry / exit relative to the send kernel's first entry;
+- combine: each kernel's entry / exit relative to the combine send's first entry;
+- beside them the CUDA-event time of the whole op, timed as the benchmark does (GPU barrier,
+  events around send + receive): the difference is launch latency outside the kernels.
+
+    python scripts/kernel_timeline.py [--config deepseek_decode] [--tokens 1 128] [--sms N]
+                                      [--iters 100] [--out timeline.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from moe_backend import bench, launch  # noqa: E402
+from moe_backend.communicator import Communicator  # noqa: E402
+from moe_backend.config import bench_presets_dir, load_bench, resolve_config  # noqa: E402
+
+STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
+          "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
+          "combine_send_rows"]  # the kernels' enum Stamp order
+DISPATCH = ["send", "plan", "plan_waited", "plan_barrier", "copy"]
+COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
+           "combine_send_items", "combine_recv"]
+# stamps that record one moment (the latest over warps), not a kernel
+EXIT_ONLY = ("plan_waited", "plan_barrier", "combine_send_items", "combine_send_summed", "combine_send_fenced",
+             "combine_send_loop", "combine_send_rows")
+WARMUP = 10
+
+
+def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
+    """First / last block entry and last exit of each named kernel, in us after the first
+    kernel's first entry (-1: none)."""
+    t0 = stamps[3 * STAMPS.index(names[0])]
+    out = {}
+    for name in names:
+        k = STAMPS.index(name)
+        first, last, leave = stamps[3 * k: 3 * k + 3]
+        if name not in EXIT_ONLY:
+            out[f"{name}_entry"] = (first - t0) / 1e3 if first >= 0 else -1.0
+            out[f"{name}_last_entry"] = (last - t0) / 1e3 if last > 0 else -1.0
+        out[f"{name}_exit"] = (leave - t0) / 1e3 if leave > 0 else -1.0
+    return out
+
+
+def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
+            out: str | None) -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    preset = load_bench(resolve_config(config, bench_presets_dir()))
+    spec = preset.comm.to_spec(dist.get_world_size())
+    options = {"transport": transport} | ({"num_sms": sms} if sms else {})
+    comm = Communicator(spec, backend="nvshmem", device=device, check_inputs=False, **options)
+    tokens = tokens or preset.bench.num_tokens
+    ops = torch.ops.moe_backend
+    clock, flag = bench.Clock(device), torch.ones(1, device=device)
+    report: dict[str, dict] = {}
+    for n in tokens:
+        x, ids, _, scale = bench.make_routing(spec, n, preset.bench.seed, device)
+        samples: dict[str, list[float]] = {}
+        y = None
+        for i in range(WARMUP + iters):
+            ops.timeline_stamps(1)  # reset and on (synchronises)
+            bench.barrier(device, flag)
+            m0 = clock.mark()
+            result = comm.dispatch_send(x, ids, None, scale).recv()
+            m1 = clock.mark()
+            if y is None:
+                y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
+            bench.barrier(device, flag)
+            m2 = clock.mark()
+            comm.combine_send(y, result.handle, None).recv()
+            m3 = clock.mark()
+            stamps = ops.timeline_stamps(0).tolist()
+            if i < WARMUP:
+                continue
+            row = {"dispatch_events": clock.elapsed_us(m0, m1), "combine_events": clock.elapsed_us(m2, m3)}
+            row.update({f"dispatch.{k}": v for k, v in _relative(stamps, DISPATCH).items()})
+            row.update({f"combine.{k}": v for k, v in _relative(stamps, COMBINE).items()})
+            for k, v in row.items():
+                samples.setdefault(k, []).append(v)
+        report[str(n)] = {k: statistics.median(v) for k, v in samples.items()}
+    comm.close()
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, report)
+    if dist.get_rank() == 0:
+        for n in tokens:
+            print(f"== {preset.name}, {transport}{f', {sms} SMs' if sms else ''}, {n} tokens per rank "
+                  "(median us per rank; kernels relative to the first kernel's entry)")
+            for key in gathered[0][str(n)]:
+                print(f"  {key:<32}" + "".join(f"{g[str(n)][key]:>10.1f}" for g in gathered))
+        if out:
+            bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
+                                    "num_sms": sms, "per_rank": gathered}])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="deepseek_decode", help="bench preset name or YAML path")
+    ap.add_argument("--tokens", type=int, nargs="+", help="tokens per rank (default: the preset's)")
+    ap.add_argument("--sms", type=int, help="size the kernels for this many SMs")
+    ap.add_argument("--transport", default="nvlink", choices=["nvlink", "put"])
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--out", help="write the medians per rank as JSON here")
+    args = ap.parse_args()
+    launch.spawn(_worker, 2, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
+                 dist_backend="nccl", timeout=600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
