@@ -41,7 +41,7 @@ struct Params {
   int entry_release;  // experiment (round 14): MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=1
   int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
-  int direct;       // experiment (round 16): sender-side expert ranks, one receive kernel (dispatch_direct_kernel)
+  int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -336,7 +336,7 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 }
 
 // Portions j = block, block + grid, ... of this group's table, each announced to every rank.
-// Direct receive (experiment, round 16; nvlink, one table portion): the table as above, but
+// Direct receive (round 16; nvlink, one table portion): the table as above, but
 // each valid id carries its token's rank among the group's tokens routed to that expert,
 // (rank << 16) | id, and after the tokens come count[E] int32 (the group's tokens per expert).
 // The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
@@ -834,7 +834,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   stamp_exit(ST_COPY);
 }
 
-// Direct receive (experiment, round 16; MOE_BACKEND_NVSHMEM_DIRECT_RECV=1, see create_ctx): one
+// Direct receive (round 16; the default where it fits, see create_ctx): one
 // kernel instead of plan + copy, for small nvlink arenas whose senders ship expert ranks and
 // counts with their tables (write_table_direct). Every block waits for the tables and derives
 // the expert offsets from the G x L counts (a few hundred ints); then each warp takes one item
@@ -1396,16 +1396,16 @@ static std::string msg(const A&... parts) {
     MOE_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x);   \
   } while (0)
 
-// Every kernel asks for the largest shared-memory carveout. Kernels that run concurrently on
-// one SM (send beside receive) need one SM configuration that fits both; the driver sizes it
-// for the first kernel on the SM (a send with ~0 KB of shared memory gets a small one), and a
-// receive needing more waits until the SM drains: measured, the overlapped combine receive
-// started only as the send's blocks retired. Our kernels stream through L2: L1 is not needed.
+// MOE_BACKEND_NVSHMEM_CARVEOUT=1 asks for the largest shared-memory carveout for every kernel
+// (the default until round 16). Kernels that run concurrently on one SM (send beside receive)
+// need one SM configuration that fits both; the driver sizes it for the first kernel on the SM,
+// and a receive needing more waits until the SM drains (seen once with the overlapped combine
+// receive, round 7). Round 16 measured the driver's default better at decode (128-token combine
+// 25.2 -> 23.5 us, 1 token 16.5 -> 15.8) and equal at prefill (229.6 / 222.0 us either way).
 static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
 static bool max_shared_carveout(K kernel) {
-  // Experiment (round 13's knob, for round 16's prefill measurement): =0 leaves the default.
-  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", true);
+  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", false, true);
   if (!on) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
@@ -1517,7 +1517,7 @@ static double dense_fraction(int E, int L, int topk) {
   return 1.0 - none;
 }
 
-// Direct receive (experiment, round 16): nvlink; the table in one portion (written by one
+// Direct receive (round 16): nvlink; the table in one portion (written by one
 // block); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
 // shared memory; one warp per item within one block per SM.
 constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
@@ -1556,7 +1556,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->replica = p->rank % p->tp;
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
-  p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", false, true) ? 1 : 0;
+  // Direct receive wherever it fits (round 16: decode dispatch 21.3 -> 17.4 us at 1 token,
+  // 26.7 -> 24.4 at 128); =0 keeps the plan and copy kernels.
+  p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", true) ? 1 : 0;
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", false, true) ? 1 : 0;
   // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
   // a wash at decode, so off by default here).
