@@ -42,6 +42,8 @@ struct Params {
   int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
+  int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
+  int token_release;  // experiment (round 17): nvlink token flags by release stores alone
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -342,35 +344,67 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 // The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
 // groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
 __device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
-                                   const float* __restrict__ w, int n, unsigned* msk) {
+                                   const float* __restrict__ w, int n, unsigned* msk, int j, int k) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nw = (p.M + 31) / 32;
+  const bool vec = (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+  const int q = topk >> 2;  // 16-byte vectors per token (vec)
+  const int4* i4 = reinterpret_cast<const int4*>(ids);
   for (int i = tid; i < E * nw; i += nt) msk[i] = 0;
   __syncthreads();
-  for (int i = tid; i < n * topk; i += nt) {
-    const int id = ids[i], t = i / topk;
+  auto mark = [&](int id, int t) {
     if (id >= 0 && id < E) atomicOr(&msk[id * nw + (t >> 5)], 1u << (t & 31));
+  };
+  if (vec) {
+    for (int v = tid; v < n * q; v += nt) {
+      const int4 a = __ldg(i4 + v);
+      const int t = v / q;
+      mark(a.x, t), mark(a.y, t), mark(a.z, t), mark(a.w, t);
+    }
+  } else {
+    for (int i = tid; i < n * topk; i += nt) mark(ids[i], i / topk);
   }
   __syncthreads();
-  for (int i = tid; i < n * topk; i += nt) {
-    const int id = ids[i], t = i / topk, k = i % topk;
-    int v = -1;
-    if (id >= 0 && id < E) {
-      int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
-      for (int j = 0; j < (t >> 5); ++j) rank += __popc(msk[id * nw + j]);
-      v = (rank << 16) | id;
+  auto packed = [&](int id, int t) -> int {
+    if (id < 0 || id >= E) return -1;
+    int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
+    for (int c = 0; c < (t >> 5); ++c) rank += __popc(msk[id * nw + c]);
+    return (rank << 16) | id;
+  };
+  // Every one of the k blocks built the whole masks (a few thousand shared-memory atomics at
+  // most); block j writes its share of the tokens, block 0 the counts and the header.
+  const int per = (n + k - 1) / k, t0 = min(n, j * per), t1 = min(n, t0 + per);
+  if (vec) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    for (int v = t0 * q + tid; v < t1 * q; v += nt) {
+      const int t = v / q;
+      int4 a = __ldg(i4 + v);
+      a.x = packed(a.x, t), a.y = packed(a.y, t), a.z = packed(a.z, t), a.w = packed(a.w, t);
+      const float4 b = w ? __ldg(w4 + v) : float4{};
+      const long long o = toff + table_token_off(p, t) + (v % q) * 16;
+      for (int r = 0; r < p.W; ++r) {
+        *reinterpret_cast<int4*>(p.peer[r] + o) = a;
+        if (w) *reinterpret_cast<float4*>(p.peer[r] + o + topk * 4) = b;
+      }
     }
-    const float wv = w ? w[i] : 0.0f;
-    const long long o = table_token_off(p, t) + k * 4;
-    for (int r = 0; r < p.W; ++r) {
-      *reinterpret_cast<int*>(p.peer[r] + toff + o) = v;
-      if (w) *reinterpret_cast<float*>(p.peer[r] + toff + o + topk * 4) = wv;
+  } else {
+    for (int i = t0 * topk + tid; i < t1 * topk; i += nt) {
+      const int t = i / topk;
+      const int v = packed(ids[i], t);
+      const float wv = w ? w[i] : 0.0f;
+      const long long o = toff + table_token_off(p, t) + (i % topk) * 4;
+      for (int r = 0; r < p.W; ++r) {
+        *reinterpret_cast<int*>(p.peer[r] + o) = v;
+        if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = wv;
+      }
     }
   }
+  if (j != 0) return;
   const long long coff = 16 + (long long)p.M * topk * 8;
   for (int e = tid; e < E; e += nt) {
     int cnt = 0;
-    for (int j = 0; j < nw; ++j) cnt += __popc(msk[e * nw + j]);
+    for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
     for (int r = 0; r < p.W; ++r) *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
   }
   if (tid == 0)
@@ -380,15 +414,18 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     }
 }
 
+// Send blocks that write a part of the table: the portions, or the direct table's blocks.
+__host__ __device__ inline int table_blocks(const Params& p) { return p.direct ? p.direct_blocks : table_portions(p); }
+
 template <bool NVL>
 __device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
                            unsigned* msk) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
-  for (int j = blockIdx.x; j < table_portions(p); j += gridDim.x) {
+  for (int j = blockIdx.x; j < table_blocks(p); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (p.direct) write_table_direct(p, toff, ids, w, n, msk);  // one portion (create_ctx)
+      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks);  // nvlink only (create_ctx)
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -463,8 +500,10 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const unsigned long long own_ranks = own_group_ranks(p);
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
-  // and block 1 the first: a single token does not wait behind the table.
-  for (int i = (blockIdx.x + gridDim.x - 1) % gridDim.x;; i += gridDim.x) {
+  // and block 1 the first: a single token does not wait behind the table. The same for the
+  // direct table's tb blocks: block tb takes the first token.
+  const int tb = p.direct ? min(p.direct_blocks, (int)gridDim.x) : 1;
+  for (int i = (blockIdx.x + gridDim.x - tb) % gridDim.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
     // Every warp derives the same destination mask from the token's ids.
@@ -486,7 +525,9 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
                          reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
       __syncthreads();  // every thread's stores of this token precede thread 0's fence + flags
       if (tid == 0) {
-        __threadfence_system();
+        // Experiment (round 17, MOE_BACKEND_NVSHMEM_TOKEN_RELEASE=1): the release stores alone
+        // order the block's row stores (bar.sync before them), as the table's announce does.
+        if (!p.token_release) __threadfence_system();
         for (unsigned long long m = mask; m; m &= m - 1)
           st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
       }
@@ -855,7 +896,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
   if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
   if (tid < G) {
-    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round, PH_DISPATCH_RECV, tid * p.tp, round);
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
     const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
     sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
   }
@@ -1396,16 +1437,20 @@ static std::string msg(const A&... parts) {
     MOE_CHECK(e_ == cudaSuccess, "CUDA error: ", cudaGetErrorString(e_), " at " #x);   \
   } while (0)
 
-// MOE_BACKEND_NVSHMEM_CARVEOUT=1 asks for the largest shared-memory carveout for every kernel
-// (the default until round 16). Kernels that run concurrently on one SM (send beside receive)
-// need one SM configuration that fits both; the driver sizes it for the first kernel on the SM,
-// and a receive needing more waits until the SM drains (seen once with the overlapped combine
-// receive, round 7). Round 16 measured the driver's default better at decode (128-token combine
-// 25.2 -> 23.5 us, 1 token 16.5 -> 15.8) and equal at prefill (229.6 / 222.0 us either way).
+// Kernels that run concurrently on one SM (send beside receive) need one SM configuration that
+// fits both; the driver sizes it for the first kernel on the SM, and a receive needing more
+// waits until the SM drains (seen with the overlapped combine receive, round 7). So kernels ask
+// for the largest shared-memory carveout (our kernels stream through L2: L1 is not needed),
+// except the two-kernel combine (send without the fused receive, and the receive): round 16
+// measured it faster at the driver's default (128-token decode combine 25.6 -> 23.4 us, 1 token
+// 16.4 -> 15.6, 512 tokens 60.3 -> 54.7), while the default everywhere slowed the fused
+// combine with 24 SMs (prefill 668 -> 722 us, run 19). MOE_BACKEND_NVSHMEM_CARVEOUT=1 / =0:
+// the largest / the default for every kernel.
 static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
-static bool max_shared_carveout(K kernel) {
-  static const bool on = env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", false, true);
+static bool max_shared_carveout(K kernel, bool by_default = true) {
+  const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CARVEOUT");
+  const bool on = v && (v[0] == '0' || v[0] == '1') ? v[0] == '1' : by_default;
   if (!on) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
@@ -1559,6 +1604,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Direct receive wherever it fits (round 16: decode dispatch 21.3 -> 17.4 us at 1 token,
   // 26.7 -> 24.4 at 128); =0 keeps the plan and copy kernels.
   p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", true) ? 1 : 0;
+  // Experiment (round 17): the direct table written by k send blocks (each builds the masks and
+  // writes 1/k of the tokens), MOE_BACKEND_NVSHMEM_DIRECT_TABLE_BLOCKS=k.
+  const char* vtb = std::getenv("MOE_BACKEND_NVSHMEM_DIRECT_TABLE_BLOCKS");
+  p->direct_blocks = std::max(1, std::min(32, vtb && *vtb ? std::atoi(vtb) : 1));
+  p->token_release = env_switch("MOE_BACKEND_NVSHMEM_TOKEN_RELEASE", false, true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
   // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
@@ -1851,7 +1901,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   Params ps = p;
   const int n_send = np ? rows : std::max(0, std::min((int)n_host, rows));
   ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
-  if (ps.ce_send) blocks = std::min(blocks, table_portions(p));  // the send kernel ships the table only
+  if (ps.ce_send) blocks = std::min(blocks, table_blocks(p));  // the send kernel ships the table only
   const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
     dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
@@ -1899,12 +1949,13 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
 }
 
-// First launch of a combine kernel (static initialisers below): set its carveout and return
+// First launch of a combine kernel (static initialisers below): set its carveout (see
+// max_shared_carveout) and return
 // the registers a block of `threads` threads takes from an SM's 64K (allocated per warp, in
 // units of 8 registers per thread).
 template <typename K>
-static int ready_kernel(K kernel, int threads) {
-  max_shared_carveout(kernel);
+static int ready_kernel(K kernel, int threads, bool max_carveout) {
+  max_shared_carveout(kernel, max_carveout);
   cudaFuncAttributes a{};
   CUDA_OK(cudaFuncGetAttributes(&a, kernel));
   return (threads / 32) * 32 * ((a.numRegs + 7) / 8 * 8);
@@ -1920,7 +1971,7 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
     if (smem)
       CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>, NTHREADS);
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>, NTHREADS, FUSED);
   }();
   combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
@@ -1965,11 +2016,11 @@ static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int s
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   if (p.H % 8 == 0) {
-    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS);
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS, false);
     if (send_regs && send_regs + regs > 65536) return false;
     combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
   } else {
-    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS);
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS, false);
     if (send_regs && send_regs + regs > 65536) return false;
     combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
   }
