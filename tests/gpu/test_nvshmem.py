@@ -155,8 +155,8 @@ def test_contract_suite_without_direct_receive():
     counts with their tables; one receive kernel places and copies the rows), so the other
     tests cover it there. This one turns it off (MOE_BACKEND_NVSHMEM_DIRECT_RECV=0) to keep the
     plan and copy kernels covered at small sizes too, with the table and combine-entry
-    announces behind a full fence (MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=0, the other default
-    off): the same results, rounds and replays."""
+    announces and token flags behind a full fence (MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=0,
+    TOKEN_RELEASE=0, the other defaults off): the same results, rounds and replays."""
     print(f"seed={SEED}")
     launch.spawn(_contract_without_direct_receive, WORLD, SEED + 7, max(4, COUNT // 2), dist_backend="nccl",
                  timeout=90 * WORLD)
@@ -165,6 +165,7 @@ def test_contract_suite_without_direct_receive():
 def _contract_without_direct_receive(seed, count):
     os.environ["MOE_BACKEND_NVSHMEM_DIRECT_RECV"] = "0"  # both read when an arena is created
     os.environ["MOE_BACKEND_NVSHMEM_ENTRY_RELEASE"] = "0"
+    os.environ["MOE_BACKEND_NVSHMEM_TOKEN_RELEASE"] = "0"
     _workers.contract_worker(seed, count, ("nvlink",))
     _workers.rounds_worker(seed, "nvlink", 8, tokens=40)
     _workers.graph_worker(seed, "nvlink", 4, tokens=32)
