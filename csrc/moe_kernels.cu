@@ -561,6 +561,38 @@ __global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, 
       st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
 }
 
+// Exclusive scan of totals[0, L) by one warp: lane i takes the run of experts [e0, e1) and gets
+// in `off` the sum of every total before e0; returns the sum of all totals up to e1 (lane 31:
+// the grand total).
+__device__ __forceinline__ int warp_scan_runs(const int* totals, int L, int lane, int& e0, int& e1, int& off) {
+  const int per = (L + 31) / 32;
+  e0 = lane * per;
+  e1 = min(L, e0 + per);
+  int run = 0;
+  for (int e = e0; e < e1; ++e) run += totals[e];
+  int incl = run;
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  off = incl - run;
+  return incl;
+}
+
+// What the receive's block 0 (plan or direct kernel) publishes once the layout is known: the
+// total row count, and the state of the kernels that follow.
+__device__ __forceinline__ void publish_round(const Params& p, int64_t* offs, int L, int total,
+                                              unsigned long long round, const int* sh_n) {
+  offs[L] = total;
+  p.state[5] = 0;      // the copy kernel's work counter (it runs after the plan, same stream)
+  p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
+  p.state[2] = 0;      // the fused combine's send and receive work counters (its round
+  p.state[7] = 0;      // always follows this receive)
+  int nmax = 0;        // the combine send visits t < nmax only: no group has rows past it
+  for (int g = 0; g < p.G; ++g) nmax = sh_n[g] > nmax ? sh_n[g] : nmax;
+  p.state[8] = (unsigned long long)nmax;
+}
+
 // ---------------------------------------------------------------------------------------
 // Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
 // warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
@@ -704,16 +736,8 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   __syncthreads();
   if (warp == 0) {
-    // Exclusive scan of the totals: each lane takes a run of experts, then a warp scan.
-    const int per = (L + 31) / 32, e0 = lane * per, e1 = min(L, e0 + per);
-    int run = 0;
-    for (int e = e0; e < e1; ++e) run += totals[e];
-    int incl = run;
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    int off = incl - run;
+    int e0, e1, off;
+    const int incl = warp_scan_runs(totals, L, lane, e0, e1, off);
     for (int e = e0; e < e1; ++e) {
       const int col = totals[e];
       if (c == 0) {
@@ -723,16 +747,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       bs[e] = off + before[e];
       off += col;
     }
-    if (c == 0 && lane == 31) {
-      offs[L] = incl;
-      p.state[5] = 0;      // the copy kernel's work counter (it runs after this kernel, same stream)
-      p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
-      p.state[2] = 0;      // the fused combine's send and receive work counters (its round
-      p.state[7] = 0;      // always follows this plan)
-      int nmax = 0;        // the combine send visits t < nmax only: no group has rows past it
-      for (int gg = 0; gg < G; ++gg) nmax = sh_n[gg] > nmax ? sh_n[gg] : nmax;
-      p.state[8] = (unsigned long long)nmax;
-    }
+    if (c == 0 && lane == 31) publish_round(p, offs, L, incl, round, sh_n);
   }
   __syncthreads();
 
@@ -913,15 +928,8 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   }
   __syncthreads();
   if (warp == 0) {  // exclusive scan of the totals, as in the plan
-    const int per = (L + 31) / 32, e0 = lane * per, e1 = min(L, e0 + per);
-    int run = 0;
-    for (int e = e0; e < e1; ++e) run += base[G * L + e];
-    int incl = run;
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    int off = incl - run;
+    int e0, e1, off;
+    const int incl = warp_scan_runs(base + G * L, L, lane, e0, e1, off);
     for (int e = e0; e < e1; ++e) {
       const int col = base[G * L + e];
       if (blockIdx.x == 0) {
@@ -931,16 +939,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
       for (int g = 0; g < G; ++g) base[g * L + e] += off;
       off += col;
     }
-    if (blockIdx.x == 0 && lane == 31) {
-      offs[L] = incl;
-      p.state[5] = 0;
-      p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
-      p.state[2] = 0;
-      p.state[7] = 0;
-      int nmax = 0;
-      for (int gg = 0; gg < G; ++gg) nmax = sh_n[gg] > nmax ? sh_n[gg] : nmax;
-      p.state[8] = (unsigned long long)nmax;
-    }
+    if (blockIdx.x == 0 && lane == 31) publish_round(p, offs, L, incl, round, sh_n);
   }
   __syncthreads();
   const int total = G * M;
