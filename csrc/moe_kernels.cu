@@ -113,7 +113,7 @@ __device__ __forceinline__ unsigned long long gtimer() {
   return t;
 }
 
-// Timeline stamps (diagnostic, branch exp/round14; scripts/kernel_timeline.py): while on, the
+// Timeline stamps (diagnostic, round 14; scripts/kernel_timeline.py): while on, the
 // blocks record %globaltimer: each kernel's first and last block entry (thread 0 of each
 // block) and last exit (lane 0 of each warp), and the latest of these moments: the plan's
 // waits done, its grid barrier passed; the combine send's warps at their first item, past an
