@@ -44,6 +44,7 @@ struct Params {
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
   int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
+  int direct_vec;  // experiment (round 18): the direct table in 16-byte vectors (1) or scalars (0)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -123,15 +124,22 @@ enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_I
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
+// Experiment (round 18): built with MOE_BACKEND_NO_STAMPS=1 (-DMOE_NO_STAMPS) the stamps are
+// compiled out, to measure what their flag loads cost (the 24-SM combine regression of run 19).
+#ifdef MOE_NO_STAMPS
+constexpr bool STAMPS_BUILT = false;
+#else
+constexpr bool STAMPS_BUILT = true;
+#endif
 __device__ __forceinline__ void stamp_entry(int k) {
-  if (threadIdx.x == 0 && g_stamps_on) {
+  if (STAMPS_BUILT && threadIdx.x == 0 && g_stamps_on) {
     const unsigned long long t = gtimer();
     atomicMin(&g_stamps[3 * k], t);
     atomicMax(&g_stamps[3 * k + 1], t);
   }
 }
 __device__ __forceinline__ void stamp_exit(int k) {
-  if ((threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
+  if (STAMPS_BUILT && (threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
 }
 
 // The round of the current combine: published by the dispatch plan's block 0 (state[6]),
@@ -347,7 +355,9 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nw = (p.M + 31) / 32;
-  const bool vec = (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+  // Experiment (round 18): p.direct_vec = 0 (MOE_BACKEND_NVSHMEM_DIRECT_TABLE_VEC=0) takes the
+  // scalar path, for the 1-token dispatch's 17.4 -> 18.2 us of round 17.
+  const bool vec = p.direct_vec && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const int q = topk >> 2;  // 16-byte vectors per token (vec)
   const int4* i4 = reinterpret_cast<const int4*>(ids);
@@ -1611,6 +1621,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Token flags by release stores alone (round 17: Mixtral 4096 dispatch 128.7 -> 111.1 us;
   // decode the same); =0 puts the fence.sc.sys back.
   p->token_release = env_switch("MOE_BACKEND_NVSHMEM_TOKEN_RELEASE", true) ? 1 : 0;
+  p->direct_vec = env_switch("MOE_BACKEND_NVSHMEM_DIRECT_TABLE_VEC", true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
   // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
