@@ -39,7 +39,6 @@ struct Params {
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
-  int plan_redundant;  // experiment (round 14): every plan block counts the whole table (no grid barrier)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
   int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
@@ -655,92 +654,57 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     }
   }
   __syncthreads();
-  if (p.plan_redundant) {
-    // Small arenas (experiment, round 14): every block counts the whole routing table itself
-    // (before[e]: rows of earlier chunks, totals[e]: all rows) instead of publishing its
-    // chunk's counts and meeting the other blocks at a grid barrier. PLAN_RB loads in flight
-    // per thread before their shared-memory adds.
-    for (int e = tid; e < L; e += blockDim.x) {
-      before[e] = 0;
-      totals[e] = 0;
-    }
-    __syncthreads();
-    constexpr int PLAN_RB = 8;
-    const int nids = G * M * topk, mine = c * CH;  // small arena: fits int
-    for (int i0 = tid; i0 < nids; i0 += PLAN_RB * (int)blockDim.x) {
-      int ev[PLAN_RB];
-      bool early[PLAN_RB];
-#pragma unroll
-      for (int j = 0; j < PLAN_RB; ++j) {
-        const int i = i0 + j * (int)blockDim.x, uu = i / topk, gg = uu / M, tt = uu % M;
-        ev[j] = -1;
-        early[j] = uu < mine;
-        if (i < nids && tt < sh_n[gg])
-          ev[j] = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
-                                               table_token_off(p, tt))[i % topk] - p.rank * L;
-      }
-#pragma unroll
-      for (int j = 0; j < PLAN_RB; ++j) {
-        if (ev[j] >= 0 && ev[j] < L) {
-          atomicAdd(&totals[ev[j]], 1);
-          if (early[j]) atomicAdd(&before[ev[j]], 1);
-        }
+  for (int e = tid; e < L; e += blockDim.x) {
+    int s = 0;
+    for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
+    p.cnt[(long long)c * L + e] = s;
+    before[e] = 0;
+    totals[e] = 0;
+  }
+  // Grid barrier on a counter that is never reset: this launch's blocks all see the same
+  // generation (old / nchunks); the next launch on this context starts after this one ends.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
+    const unsigned long long need = (gen + 1) * gridDim.x;
+    const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+    for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
+      if ((i & 31) == 0 && gtimer() > deadline) {
+        report_error(p, PH_DISPATCH_GRID, -1, round);
+        break;
       }
     }
-    stamp_exit(ST_PLAN_BARRIER);
-  } else {
-    for (int e = tid; e < L; e += blockDim.x) {
-      int s = 0;
-      for (int w = 0; w < nmw; ++w) s += __popc(msk[w * L + e]);
-      p.cnt[(long long)c * L + e] = s;
-      before[e] = 0;
-      totals[e] = 0;
-    }
-    // Grid barrier on a counter that is never reset: this launch's blocks all see the same
-    // generation (old / nchunks); the next launch on this context starts after this one ends.
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const unsigned long long gen = atomicAdd(&p.state[1], 1ULL) / gridDim.x;
-      const unsigned long long need = (gen + 1) * gridDim.x;
-      const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-      for (unsigned i = 1; ld_acquire_gpu(&p.state[1]) < need; ++i) {
-        if ((i & 31) == 0 && gtimer() > deadline) {
-          report_error(p, PH_DISPATCH_GRID, -1, round);
-          break;
-        }
-      }
-    }
-    __syncthreads();
-    stamp_exit(ST_PLAN_BARRIER);
-    // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
-    // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
-    // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
-    // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
-    {
-      constexpr int PLAN_BATCH = 16;
-      const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
-      const int R = (int)blockDim.x / cols;  // threads per expert column
-      const int r0 = tid / cols;
-      if (r0 < R) {
-        for (int e = tid % cols; e < L; e += cols) {
-          int b = 0, tot = 0;
-          for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
-            int v[PLAN_BATCH];
+  }
+  __syncthreads();
+  stamp_exit(ST_PLAN_BARRIER);
+  // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
+  // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
+  // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
+  // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
+  {
+    constexpr int PLAN_BATCH = 16;
+    const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
+    const int R = (int)blockDim.x / cols;  // threads per expert column
+    const int r0 = tid / cols;
+    if (r0 < R) {
+      for (int e = tid % cols; e < L; e += cols) {
+        int b = 0, tot = 0;
+        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
+          int v[PLAN_BATCH];
 #pragma unroll
-            for (int j = 0; j < PLAN_BATCH; ++j) {
-              const int cc = c0 + j * R;
-              v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
-            }
-#pragma unroll
-            for (int j = 0; j < PLAN_BATCH; ++j) {
-              tot += v[j];
-              if (c0 + j * R < c) b += v[j];
-            }
+          for (int j = 0; j < PLAN_BATCH; ++j) {
+            const int cc = c0 + j * R;
+            v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
           }
-          atomicAdd(&before[e], b);
-          atomicAdd(&totals[e], tot);
+#pragma unroll
+          for (int j = 0; j < PLAN_BATCH; ++j) {
+            tot += v[j];
+            if (c0 + j * R < c) b += v[j];
+          }
         }
+        atomicAdd(&before[e], b);
+        atomicAdd(&totals[e], tot);
       }
     }
   }
@@ -1184,9 +1148,6 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // the partial once to every replica of the source group, slot [my rank][t], flag = round.
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
-// Experiment (round 14, branch only): the fused put-path kernels (no concurrent receive block)
-// may take 128 registers: they spilled 36-76 B at 96, and one 512-thread block per SM holds
-// either way.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
@@ -1229,7 +1190,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
-__global__ void __maxnreg__(!NVL && FUSED ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
@@ -1452,15 +1413,13 @@ static std::string msg(const A&... parts) {
 // for the largest shared-memory carveout (our kernels stream through L2: L1 is not needed),
 // except the two-kernel combine (send without the fused receive, and the receive): round 16
 // measured it faster at the driver's default (128-token decode combine 25.6 -> 23.4 us, 1 token
-// 16.4 -> 15.6, 512 tokens 60.3 -> 54.7), while the default everywhere slowed the fused
-// combine with 24 SMs (prefill 668 -> 722 us, run 19). MOE_BACKEND_NVSHMEM_CARVEOUT=1 / =0:
-// the largest / the default for every kernel.
+// 16.4 -> 15.6, 512 tokens 60.3 -> 54.7); elsewhere the default measured no better (prefill
+// 229.7 / 221.9 against 229.6 / 222.0 us), so the other kernels keep the largest.
+// MOE_BACKEND_NVSHMEM_CARVEOUT=1 / =0: the largest / the default for every kernel.
 static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
 static bool max_shared_carveout(K kernel, bool by_default = true) {
-  const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CARVEOUT");
-  const bool on = v && (v[0] == '0' || v[0] == '1') ? v[0] == '1' : by_default;
-  if (!on) return true;
+  if (!env_switch("MOE_BACKEND_NVSHMEM_CARVEOUT", by_default, true)) return true;
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared));
   return true;
@@ -1504,12 +1463,8 @@ struct Ctx {
   // Copy-engine send (p.ce_send, see launch_ce_send): copies on `ce_copy`, each chunk's flags
   // raised by a kernel on `ce_flags` behind the chunk's event `ce_done[c]`; dispatch_recv joins
   // `ce_join` (ce_pending), and x / x_scale are held until then like for the receive.
-  // Experiment (round 16): MOE_BACKEND_NVSHMEM_CE_STREAMS=k spreads the copies over k streams
-  // (copy j of chunk c, over its destination ranks, on stream (c * dests + j) % k), so that one
-  // chunk's event does not hold the next copy and several ranks' copies run at once.
-  std::vector<cudaStream_t> ce_copy;
-  cudaStream_t ce_flags = nullptr;
-  std::vector<cudaEvent_t> ce_done;  // [chunk][stream]
+  cudaStream_t ce_copy = nullptr, ce_flags = nullptr;
+  std::vector<cudaEvent_t> ce_done;
   cudaEvent_t ce_join = nullptr;
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
@@ -1522,7 +1477,6 @@ struct Ctx {
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
 constexpr long long COMB_FUSED_MIN_TOKENS = 4096;
-constexpr long long PLAN_REDUNDANT_MAX_IDS = 16384;  // results/gpu/2026-11-30-round8-fused-ab
 
 static Ctx& CX(int64_t ctx) {
   MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -1624,10 +1578,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->direct_vec = env_switch("MOE_BACKEND_NVSHMEM_DIRECT_TABLE_VEC", true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
-  // Experiment (round 14): tables of at most PLAN_REDUNDANT_MAX_IDS ids, =1 turns it on (round 15:
-  // a wash at decode, so off by default here).
-  p->plan_redundant = env_switch("MOE_BACKEND_NVSHMEM_PLAN_REDUNDANT", false, true) &&
-                              (long long)p->G * p->M * p->topk <= PLAN_REDUNDANT_MAX_IDS ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1680,11 +1630,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
-    const char* vs = std::getenv("MOE_BACKEND_NVSHMEM_CE_STREAMS");
-    cx->ce_copy.resize(std::max(1, std::min(8, vs && *vs ? std::atoi(vs) : 1)));
-    for (auto& st : cx->ce_copy) CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_copy, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_flags, cudaStreamNonBlocking));
-    cx->ce_done.resize((size_t)chunks * cx->ce_copy.size());
+    cx->ce_done.resize(chunks);
     for (auto& e : cx->ce_done) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&cx->ce_join, cudaEventDisableTiming));
   }
@@ -1708,7 +1656,7 @@ void destroy_ctx(int64_t ctx) {
   cx->keep_s = at::Tensor();
   cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
   cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
-  for (auto st : cx->ce_copy) cudaStreamDestroy(st);
+  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
   if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
   for (auto e : cx->ce_done) cudaEventDestroy(e);
   if (cx->ce_join) cudaEventDestroy(cx->ce_join);
@@ -1834,39 +1782,29 @@ constexpr int CE_MIN_CHUNK = 64;
 static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n,
                            unsigned long long dests) {
   const Params& p = cx.p;
-  const int S = (int)cx.ce_copy.size();
-  for (auto st : cx.ce_copy) CUDA_OK(cudaStreamWaitEvent(st, cx.fork, 0));
+  CUDA_OK(cudaStreamWaitEvent(cx.ce_copy, cx.fork, 0));
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
-  const int chunks = std::max(1, std::min((int)cx.ce_done.size() / S, (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
-  const int ndest = __builtin_popcountll(dests);
+  const int chunks = std::max(1, std::min((int)cx.ce_done.size(), (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
   const int per = (n + chunks - 1) / chunks;
   const long long aligned_row = (p.row_bytes + 15) & ~15;
   for (int c = 0; c < chunks; ++c) {
     const int t0 = c * per, t1 = std::min(n, t0 + per);
     if (t0 >= t1 || c % p.tp != p.replica) continue;
     const size_t ntk = (size_t)(t1 - t0);
-    unsigned used = 0;  // streams this chunk's copies went to
-    int j = 0;
-    for (unsigned long long m = dests; m; m &= m - 1, ++j) {
-      const int si = (c * ndest + j) % S;
-      cudaStream_t st = cx.ce_copy[si];
-      used |= 1u << si;
+    for (unsigned long long m = dests; m; m &= m - 1) {
       char* dst = p.peer[__builtin_ctzll(m)] + p.off_disp + ((long long)p.group * p.M + t0) * p.slot_bytes;
       const char* src = x + (long long)t0 * p.row_bytes;
       if (p.slot_bytes == p.row_bytes)
-        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, st));
+        CUDA_OK(cudaMemcpyAsync(dst, src, ntk * p.row_bytes, cudaMemcpyDeviceToDevice, cx.ce_copy));
       else
-        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice, st));
+        CUDA_OK(cudaMemcpy2DAsync(dst, p.slot_bytes, src, p.row_bytes, p.row_bytes, ntk, cudaMemcpyDeviceToDevice,
+                                  cx.ce_copy));
       if (p.scale_bytes)
         CUDA_OK(cudaMemcpy2DAsync(dst + aligned_row, p.slot_bytes, scale + (long long)t0 * p.scale_bytes, p.scale_bytes,
-                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, st));
+                                  p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, cx.ce_copy));
     }
-    for (int si = 0; si < S; ++si) {
-      if (!(used >> si & 1u)) continue;
-      cudaEvent_t ev = cx.ce_done[(size_t)c * S + si];
-      CUDA_OK(cudaEventRecord(ev, cx.ce_copy[si]));
-      CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, ev, 0));
-    }
+    CUDA_OK(cudaEventRecord(cx.ce_done[c], cx.ce_copy));
+    CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
     ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests);
     CUDA_OK(cudaGetLastError());
   }

@@ -38,19 +38,32 @@ SEED = int(os.environ.get("MOE_TEST_SEED", time.time_ns() % (2**31)))
 COUNT = int(os.environ.get("MOE_TEST_CASES", "24"))
 
 
-def test_contract_suite_both_transports():
+def _spawn(worker, seed_offset: int, count: int, *args, timeout: int = 90) -> None:
+    """Print the seed, then run `worker(seed, count, *args)` on WORLD NCCL processes."""
     print(f"seed={SEED}")
-    launch.spawn(_workers.contract_worker, WORLD, SEED, COUNT, ("put", "nvlink"), dist_backend="nccl",
-                 timeout=60 * WORLD)
+    launch.spawn(worker, WORLD, SEED + seed_offset, count, *args, dist_backend="nccl", timeout=timeout * WORLD)
+
+
+def _contract_under_env(seed, count, env, transports, rounds, replays, tokens=None):
+    """Set the backend's variables (read when an arena is created, PDL at the first dispatch of
+    the process), then the contract suite on `transports`, rounds on a shared nvlink arena and
+    CUDA-graph replays (`tokens` per rank; the workers' small defaults when None)."""
+    os.environ.update(env)
+    sized = {} if tokens is None else {"tokens": tokens}
+    _workers.contract_worker(seed, count, transports)
+    _workers.rounds_worker(seed, "nvlink", rounds, **sized)
+    _workers.graph_worker(seed, "nvlink", replays, **sized)
+
+
+def test_contract_suite_both_transports():
+    _spawn(_workers.contract_worker, 0, COUNT, ("put", "nvlink"), timeout=60)
 
 
 def test_contract_suite_without_overlap():
     """The receives on the caller's stream after their sends (MOE_BACKEND_NVSHMEM_OVERLAP=0,
     MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0): the same
     results as the overlapped default."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_without_overlap, WORLD, SEED + 1, max(4, COUNT // 3), dist_backend="nccl",
-                 timeout=60 * WORLD)
+    _spawn(_contract_without_overlap, 1, max(4, COUNT // 3), timeout=60)
 
 
 def _contract_without_overlap(seed, count):
@@ -63,9 +76,7 @@ def _contract_without_overlap(seed, count):
 def test_contract_suite_with_send_stream():
     """The send kernel on its own stream (backend option send_stream=True): the same results,
     rounds on a shared arena and CUDA-graph replays included."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_with_send_stream, WORLD, SEED + 2, max(4, COUNT // 3), dist_backend="nccl",
-                 timeout=90 * WORLD)
+    _spawn(_contract_with_send_stream, 2, max(4, COUNT // 3))
 
 
 def _contract_with_send_stream(seed, count):
@@ -78,9 +89,7 @@ def test_contract_suite_with_fused_combine():
     """The fused combine (send and receive in one kernel on the side stream; the default past
     4096 source tokens, forced here for every arena past the combine-overlap limit): the same
     results; rounds and CUDA-graph replays at a size that takes the fused path."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_with_fused_combine, WORLD, SEED + 3, max(4, COUNT // 3), dist_backend="nccl",
-                 timeout=90 * WORLD)
+    _spawn(_contract_with_fused_combine, 3, max(4, COUNT // 3))
 
 
 def _contract_with_fused_combine(seed, count):
@@ -97,9 +106,7 @@ def test_contract_suite_with_few_sms():
     at most half the GPU), in rounds and CUDA-graph replays too. Those rounds force the fused
     combine, which with at most half the GPU sums its rows without the cp.async pipeline (the
     fused test covers the pipelined sums: the default with the whole GPU)."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_with_few_sms, WORLD, SEED + 4, max(4, COUNT // 3), dist_backend="nccl",
-                 timeout=90 * WORLD)
+    _spawn(_contract_with_few_sms, 4, max(4, COUNT // 3))
 
 
 def _contract_with_few_sms(seed, count):
@@ -115,18 +122,9 @@ def test_contract_suite_copy_variants():
     MOE_BACKEND_NVSHMEM_PDL=0), then every copy launched programmatically, the work-counter
     copy of a large arena included (MOE_BACKEND_NVSHMEM_PDL=1): the same results, rounds and
     CUDA-graph replays too."""
-    print(f"seed={SEED}")
     for pieces, pdl in (("1", "0"), ("", "1")):
-        launch.spawn(_contract_copy_variant, WORLD, SEED + 5, max(4, COUNT // 3), pieces, pdl, dist_backend="nccl",
-                     timeout=90 * WORLD)
-
-
-def _contract_copy_variant(seed, count, pieces, pdl):
-    os.environ["MOE_BACKEND_NVSHMEM_COPY_PIECES"] = pieces  # read when an arena is created
-    os.environ["MOE_BACKEND_NVSHMEM_PDL"] = pdl  # read at the first dispatch of the process
-    _workers.contract_worker(seed, count, ("put", "nvlink"))
-    _workers.rounds_worker(seed, "nvlink", 6, tokens=1100)
-    _workers.graph_worker(seed, "nvlink", 3, tokens=1100)
+        env = {"MOE_BACKEND_NVSHMEM_COPY_PIECES": pieces, "MOE_BACKEND_NVSHMEM_PDL": pdl}
+        _spawn(_contract_under_env, 5, max(4, COUNT // 3), env, ("put", "nvlink"), 6, 3, 1100)
 
 
 def test_contract_suite_with_copy_engine_send():
@@ -135,19 +133,8 @@ def test_contract_suite_with_copy_engine_send():
     call and arena (MOE_BACKEND_NVSHMEM_CE_SEND=1) with 3 chunks, so that chunk edges, scales
     (2D copies), tp replicas and device-side token counts are all crossed: the same results,
     rounds and CUDA-graph replays."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_with_copy_engine_send, WORLD, SEED + 6, max(4, COUNT // 2), dist_backend="nccl",
-                 timeout=90 * WORLD)
-
-
-def _contract_with_copy_engine_send(seed, count):
-    os.environ["MOE_BACKEND_NVSHMEM_CE_SEND"] = "1"  # read when an arena is created
-    os.environ["MOE_BACKEND_NVSHMEM_CE_CHUNKS"] = "3"
-    for streams in ("1", "2"):  # MOE_BACKEND_NVSHMEM_CE_STREAMS: copies spread over 2 streams
-        os.environ["MOE_BACKEND_NVSHMEM_CE_STREAMS"] = streams
-        _workers.contract_worker(seed, count, ("nvlink",))
-        _workers.rounds_worker(seed, "nvlink", 8, tokens=300)
-        _workers.graph_worker(seed, "nvlink", 4, tokens=300)
+    env = {"MOE_BACKEND_NVSHMEM_CE_SEND": "1", "MOE_BACKEND_NVSHMEM_CE_CHUNKS": "3"}
+    _spawn(_contract_under_env, 6, max(4, COUNT // 2), env, ("nvlink",), 8, 4, 300)
 
 
 def test_contract_suite_without_direct_receive():
@@ -157,18 +144,8 @@ def test_contract_suite_without_direct_receive():
     plan and copy kernels covered at small sizes too, with the table and combine-entry
     announces and token flags behind a full fence (MOE_BACKEND_NVSHMEM_ENTRY_RELEASE=0,
     TOKEN_RELEASE=0, the other defaults off): the same results, rounds and replays."""
-    print(f"seed={SEED}")
-    launch.spawn(_contract_without_direct_receive, WORLD, SEED + 7, max(4, COUNT // 2), dist_backend="nccl",
-                 timeout=90 * WORLD)
-
-
-def _contract_without_direct_receive(seed, count):
-    os.environ["MOE_BACKEND_NVSHMEM_DIRECT_RECV"] = "0"  # both read when an arena is created
-    os.environ["MOE_BACKEND_NVSHMEM_ENTRY_RELEASE"] = "0"
-    os.environ["MOE_BACKEND_NVSHMEM_TOKEN_RELEASE"] = "0"
-    _workers.contract_worker(seed, count, ("nvlink",))
-    _workers.rounds_worker(seed, "nvlink", 8, tokens=40)
-    _workers.graph_worker(seed, "nvlink", 4, tokens=32)
+    env = {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("DIRECT_RECV", "ENTRY_RELEASE", "TOKEN_RELEASE")}
+    _spawn(_contract_under_env, 7, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
 def test_latency_floor_probe_runs():
