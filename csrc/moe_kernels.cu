@@ -38,12 +38,12 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int recv_wide;  // experiment (round 19): combine receive items with twice the chunks per step
   int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
   int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
-  int direct_vec;  // experiment (round 18): the direct table in 16-byte vectors (1) or scalars (0)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
@@ -123,12 +123,12 @@ enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_I
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
-// Experiment (round 18): built with MOE_BACKEND_NO_STAMPS=1 (-DMOE_NO_STAMPS) the stamps are
-// compiled out, to measure what their flag loads cost (the 24-SM combine regression of run 19).
-#ifdef MOE_NO_STAMPS
-constexpr bool STAMPS_BUILT = false;
-#else
+// Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the
+// flag's loads cost the decode ops ~0.5 us each and the 24-SM prefill combine ~15 us (round 18).
+#ifdef MOE_STAMPS
 constexpr bool STAMPS_BUILT = true;
+#else
+constexpr bool STAMPS_BUILT = false;
 #endif
 __device__ __forceinline__ void stamp_entry(int k) {
   if (STAMPS_BUILT && threadIdx.x == 0 && g_stamps_on) {
@@ -354,9 +354,10 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nw = (p.M + 31) / 32;
-  // Experiment (round 18): p.direct_vec = 0 (MOE_BACKEND_NVSHMEM_DIRECT_TABLE_VEC=0) takes the
-  // scalar path, for the 1-token dispatch's 17.4 -> 18.2 us of round 17.
-  const bool vec = p.direct_vec && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+  // 16-byte vectors only when every thread gets one: each vector's four ids are marked and
+  // ranked one after another, so with fewer vectors than threads the scalar path (one id per
+  // thread) is shorter (round 18: 1 token 18.0 -> 17.5 us; 128 tokens 22.9 -> 21.0 us by vectors).
+  const bool vec = n * (topk >> 2) >= nt && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const int q = topk >> 2;  // 16-byte vectors per token (vec)
   const int4* i4 = reinterpret_cast<const int4*>(ids);
@@ -1180,7 +1181,7 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
   return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
 }
 
-template <typename TX, typename TO, int N, int RB, bool COUNTER>
+template <typename TX, typename TO, int N, int RB, bool COUNTER, int CM = 1>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
@@ -1293,7 +1294,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
     // the send's register budget holds.
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
+    if (p.recv_wide) combine_recv_items<TX, TY, N, 2, true, 2>(p, ra, sh_src[warp], NWARPS);
+    else combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -1305,9 +1307,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 // Receive items of a combine: one warp per own token (and slice) sums the partials of the
 // ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
 // dtype; zeros for rows past n and tokens with no expert.
-template <typename TX, typename TO, int N, int RB, bool COUNTER>
+// CM: chunks per step times chunks_per_step (experiment, round 19: more bytes in flight per warp).
+template <typename TX, typename TO, int N, int RB, bool COUNTER, int CM>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps) {
-  constexpr int C = chunks_per_step<TX, N>();
+  constexpr int C = chunks_per_step<TX, N>() * CM;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
   const unsigned long long round = combine_round(p);
@@ -1377,7 +1380,8 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   const unsigned long long round = combine_round(p);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
-  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  if (p.recv_wide) combine_recv_items<TX, TO, N, ROW_BATCH, false, 2>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  else combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
   stamp_exit(ST_CRECV);
 }
@@ -1575,9 +1579,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Token flags by release stores alone (round 17: Mixtral 4096 dispatch 128.7 -> 111.1 us;
   // decode the same); =0 puts the fence.sc.sys back.
   p->token_release = env_switch("MOE_BACKEND_NVSHMEM_TOKEN_RELEASE", true) ? 1 : 0;
-  p->direct_vec = env_switch("MOE_BACKEND_NVSHMEM_DIRECT_TABLE_VEC", true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
+  p->recv_wide = env_switch("MOE_BACKEND_NVSHMEM_RECV_WIDE", false) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -2215,6 +2219,9 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
 // Synchronises the device.
 at::Tensor timeline_stamps(int64_t mode) {
   MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  MOE_CHECK(STAMPS_BUILT || mode == 0,
+            "timeline_stamps: this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1 "
+            "(rm moe_backend/_C*.so; MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace)");
   unsigned long long host[3 * NSTAMP];
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));

@@ -53,3 +53,6 @@ def test_extension_errors_raise_with_their_numbers():
         probe(16, 0, 60, 0, 1, 0)
     with pytest.raises(RuntimeError, match="timeline_stamps: mode must be 0 or 1, got 3"):
         torch.ops.moe_backend.timeline_stamps(3)
+    if os.environ.get("MOE_BACKEND_STAMPS") != "1":  # a default build has none (they cost time)
+        with pytest.raises(RuntimeError, match="this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1"):
+            torch.ops.moe_backend.timeline_stamps(1)
