@@ -2200,16 +2200,44 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst,
   if ((threadIdx.x & 31) == 0) atomicXor(reinterpret_cast<int*>(dst + blockIdx.x), acc);
 }
 
+// Mode 2 of the probe: the same stores by bulk copies (TMA) from shared memory, lane 0 of every
+// warp issuing PROBE_BULK-byte copies of one shared buffer, at most PROBE_BULK_AHEAD unfinished
+// reads of it: do bulk stores write faster than SM stores when few SMs are given (the 24-SM
+// dispatch writes ~470 MB of expert rows)? The buffer holds mode 0's pattern (words 2, 3 = 1, 2).
+constexpr int PROBE_BULK = 16384, PROBE_BULK_AHEAD = 4;
+__global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char* dst, long long nbytes) {
+  __shared__ alignas(128) int4 buf[PROBE_BULK / 16];
+  for (int i = threadIdx.x; i < PROBE_BULK / 16; i += blockDim.x) buf[i] = make_int4((int)blockIdx.x, i, 1, 2);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic-proxy writes, seen by the bulk copies
+  __syncthreads();
+  if ((threadIdx.x & 31) != 0) return;
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(buf);
+  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c * PROBE_BULK < nbytes; c += nwarps) {
+    const long long off = c * PROBE_BULK;
+    const unsigned size = (unsigned)(nbytes - off < PROBE_BULK ? nbytes - off : PROBE_BULK);
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off), "r"(sa), "r"(size)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PROBE_BULK_AHEAD) : "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
+}
+
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  MOE_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
+  MOE_CHECK(mode >= 0 && mode <= 2, "rate_probe: mode must be 0 (stores), 1 (loads) or 2 (bulk stores), got ", mode);
   MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
   MOE_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
             blocks);
-  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
+  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode != 1 || (src != 0 && src % 16 == 0)),
             "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
-  rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
+  if (mode == 2)
+    bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<char*>(dst), nbytes);
+  else
+    rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
   CUDA_OK(cudaGetLastError());
 }
 
