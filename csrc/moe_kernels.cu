@@ -38,7 +38,6 @@ struct Params {
   int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
-  int recv_wide;  // experiment (round 19): combine receive items with twice the chunks per step
   int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
@@ -1181,7 +1180,7 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
   return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
 }
 
-template <typename TX, typename TO, int N, int RB, bool COUNTER, int CM = 1>
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
@@ -1294,8 +1293,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
     // the send's register budget holds.
-    if (p.recv_wide) combine_recv_items<TX, TY, N, 2, true, 2>(p, ra, sh_src[warp], NWARPS);
-    else combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -1307,10 +1305,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 // Receive items of a combine: one warp per own token (and slice) sums the partials of the
 // ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
 // dtype; zeros for rows past n and tokens with no expert.
-// CM: chunks per step times chunks_per_step (experiment, round 19: more bytes in flight per warp).
-template <typename TX, typename TO, int N, int RB, bool COUNTER, int CM>
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps) {
-  constexpr int C = chunks_per_step<TX, N>() * CM;
+  constexpr int C = chunks_per_step<TX, N>();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
   const unsigned long long round = combine_round(p);
@@ -1380,8 +1377,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   const unsigned long long round = combine_round(p);
   if (blockIdx.x == 0 && threadIdx.x < p.W)
     wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
-  if (p.recv_wide) combine_recv_items<TX, TO, N, ROW_BATCH, false, 2>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
-  else combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
   stamp_exit(ST_CRECV);
 }
@@ -1581,7 +1577,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->token_release = env_switch("MOE_BACKEND_NVSHMEM_TOKEN_RELEASE", true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
-  p->recv_wide = env_switch("MOE_BACKEND_NVSHMEM_RECV_WIDE", false) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
