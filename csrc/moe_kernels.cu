@@ -1238,6 +1238,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
+    // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
+    // own arena, a local store on any transport; only the other replicas' copies are staged and
+    // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
+    const int self_q = NVL ? -1 : (p.rank - g * p.tp >= 0 && p.rank - g * p.tp < p.tp ? p.rank - g * p.tp : -1);
+    const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
@@ -1249,7 +1254,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
           if constexpr (NVL) {
             for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
           } else {
-            store_n<TX, N>(stage + hh, acc[c]);
+            if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
+            if (staged) store_n<TX, N>(stage + hh, acc[c]);
           }
         }
       }
@@ -1278,7 +1284,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
-        if (h1 > h0)
+        if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
+          if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
+        } else if (h1 > h0)
           nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
                                           (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
                                           p.pe[g * p.tp + q]);
