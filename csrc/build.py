@@ -77,6 +77,8 @@ def extensions():
         "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__",
     ]
+    if os.environ.get("MOE_BACKEND_STAMPS") == "1":  # the diagnostic timeline stamps (kernel_timeline.py)
+        nvcc.append("-DMOE_STAMPS")
     # libcuda is absent on CPU-only build machines: link against the toolkit's stub (same soname).
     stub_dir = os.path.join(cuda_home or "", "lib64", "stubs")
     import ctypes.util

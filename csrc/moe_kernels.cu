@@ -122,15 +122,22 @@ enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_I
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
+// Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the
+// flag's loads cost the decode ops ~0.5 us each and the 24-SM prefill combine ~15 us (round 18).
+#ifdef MOE_STAMPS
+constexpr bool STAMPS_BUILT = true;
+#else
+constexpr bool STAMPS_BUILT = false;
+#endif
 __device__ __forceinline__ void stamp_entry(int k) {
-  if (threadIdx.x == 0 && g_stamps_on) {
+  if (STAMPS_BUILT && threadIdx.x == 0 && g_stamps_on) {
     const unsigned long long t = gtimer();
     atomicMin(&g_stamps[3 * k], t);
     atomicMax(&g_stamps[3 * k + 1], t);
   }
 }
 __device__ __forceinline__ void stamp_exit(int k) {
-  if ((threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
+  if (STAMPS_BUILT && (threadIdx.x & 31) == 0 && g_stamps_on) atomicMax(&g_stamps[3 * k + 2], gtimer());
 }
 
 // The round of the current combine: published by the dispatch plan's block 0 (state[6]),
@@ -346,7 +353,10 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nw = (p.M + 31) / 32;
-  const bool vec = (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+  // 16-byte vectors only when every thread gets one: each vector's four ids are marked and
+  // ranked one after another, so with fewer vectors than threads the scalar path (one id per
+  // thread) is shorter (round 18: 1 token 18.0 -> 17.5 us; 128 tokens 22.9 -> 21.0 us by vectors).
+  const bool vec = n * (topk >> 2) >= nt && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const int q = topk >> 2;  // 16-byte vectors per token (vec)
   const int4* i4 = reinterpret_cast<const int4*>(ids);
@@ -1228,6 +1238,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
     TX* stage = nullptr;
     if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
+    // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
+    // own arena, a local store on any transport; only the other replicas' copies are staged and
+    // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
+    const int self_q = NVL ? -1 : (p.rank - g * p.tp >= 0 && p.rank - g * p.tp < p.tp ? p.rank - g * p.tp : -1);
+    const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
@@ -1239,7 +1254,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
           if constexpr (NVL) {
             for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
           } else {
-            store_n<TX, N>(stage + hh, acc[c]);
+            if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
+            if (staged) store_n<TX, N>(stage + hh, acc[c]);
           }
         }
       }
@@ -1268,7 +1284,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
       for (int q = 0; q < p.tp; ++q) {
-        if (h1 > h0)
+        if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
+          if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
+        } else if (h1 > h0)
           nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
                                           (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
                                           p.pe[g * p.tp + q]);
@@ -2185,16 +2203,44 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst,
   if ((threadIdx.x & 31) == 0) atomicXor(reinterpret_cast<int*>(dst + blockIdx.x), acc);
 }
 
+// Mode 2 of the probe: the same stores by bulk copies (TMA) from shared memory, lane 0 of every
+// warp issuing PROBE_BULK-byte copies of one shared buffer, at most PROBE_BULK_AHEAD unfinished
+// reads of it: do bulk stores write faster than SM stores when few SMs are given (the 24-SM
+// dispatch writes ~470 MB of expert rows)? The buffer holds mode 0's pattern (words 2, 3 = 1, 2).
+constexpr int PROBE_BULK = 16384, PROBE_BULK_AHEAD = 4;
+__global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char* dst, long long nbytes) {
+  __shared__ alignas(128) int4 buf[PROBE_BULK / 16];
+  for (int i = threadIdx.x; i < PROBE_BULK / 16; i += blockDim.x) buf[i] = make_int4((int)blockIdx.x, i, 1, 2);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic-proxy writes, seen by the bulk copies
+  __syncthreads();
+  if ((threadIdx.x & 31) != 0) return;
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(buf);
+  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c * PROBE_BULK < nbytes; c += nwarps) {
+    const long long off = c * PROBE_BULK;
+    const unsigned size = (unsigned)(nbytes - off < PROBE_BULK ? nbytes - off : PROBE_BULK);
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off), "r"(sa), "r"(size)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PROBE_BULK_AHEAD) : "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
+}
+
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  MOE_CHECK(mode == 0 || mode == 1, "rate_probe: mode must be 0 (stores) or 1 (loads), got ", mode);
+  MOE_CHECK(mode >= 0 && mode <= 2, "rate_probe: mode must be 0 (stores), 1 (loads) or 2 (bulk stores), got ", mode);
   MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
   MOE_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
             blocks);
-  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode == 0 || (src != 0 && src % 16 == 0)),
+  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode != 1 || (src != 0 && src % 16 == 0)),
             "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
-  rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
+  if (mode == 2)
+    bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<char*>(dst), nbytes);
+  else
+    rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
   CUDA_OK(cudaGetLastError());
 }
 
@@ -2204,6 +2250,9 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
 // Synchronises the device.
 at::Tensor timeline_stamps(int64_t mode) {
   MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  MOE_CHECK(STAMPS_BUILT || mode == 0,
+            "timeline_stamps: this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1 "
+            "(rm moe_backend/_C*.so; MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace)");
   unsigned long long host[3 * NSTAMP];
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));

@@ -1,4 +1,4 @@
-"""Where a dispatch's and a combine's time goes on each GPU (diagnostic, branch exp/round14).
+"""Where a dispatch's and a combine's time goes on each GPU (diagnostic).
 
 Runs a bench preset (default deepseek_decode, nvlink transport) on 2 local GPUs with the
 kernels' timeline stamps on (op `timeline_stamps`: each kernel's first and last block entry
@@ -12,6 +12,9 @@ and prints, per token count, the medians over the iterations of
 
     python scripts/kernel_timeline.py [--config deepseek_decode] [--tokens 1 128] [--sms N]
                                       [--iters 100] [--out timeline.json]
+
+The stamps cost time even when off, so only a build with them has them:
+    rm -f moe_backend/_C*.so && MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace
 """
 
 from __future__ import annotations

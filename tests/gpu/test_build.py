@@ -47,9 +47,12 @@ def test_extension_errors_raise_with_their_numbers():
     except ImportError as err:
         pytest.skip(f"extension not loadable here: {err}")
     probe = torch.ops.moe_backend.rate_probe  # no dispatch key: runs its checks on any machine
-    with pytest.raises(RuntimeError, match="mode must be 0 .stores. or 1 .loads., got 7"):
+    with pytest.raises(RuntimeError, match=r"mode must be 0 \(stores\), 1 \(loads\) or 2 \(bulk stores\), got 7"):
         probe(16, 0, 64, 7, 1, 0)
     with pytest.raises(RuntimeError, match="nbytes must be a positive multiple of 16, got 60"):
         probe(16, 0, 60, 0, 1, 0)
     with pytest.raises(RuntimeError, match="timeline_stamps: mode must be 0 or 1, got 3"):
         torch.ops.moe_backend.timeline_stamps(3)
+    if os.environ.get("MOE_BACKEND_STAMPS") != "1":  # a default build has none (they cost time)
+        with pytest.raises(RuntimeError, match="this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1"):
+            torch.ops.moe_backend.timeline_stamps(1)

@@ -165,8 +165,9 @@ def _latency_floor():
 
 def test_sm_ceilings_probe():
     """The benchmark's SM-count ceilings (moe_backend/sm_ceilings.py): every rate is positive,
-    fewer SMs are not faster than the whole GPU, and the store probe really writes (the bytes it
-    stores to a local buffer are the pattern, not what was there)."""
+    fewer SMs are not faster than the whole GPU, and the store probes (SM and bulk stores) really
+    write (the bytes they store to a local buffer are the pattern, not what was there), no further
+    than asked."""
     launch.spawn(_sm_ceilings, WORLD, dist_backend="nccl", timeout=60 * WORLD)
 
 
@@ -179,7 +180,7 @@ def _sm_ceilings():
     assert got is not None and [e["sms"] for e in got.values()][-1] == 24, got
     whole, few = got.values()
     for entry in got.values():
-        assert all(entry[k] > 0 for k in ("load", "store", "nvlink_store")), got
+        assert all(entry[k] > 0 for k in ("load", "store", "bulk_store", "nvlink_store")), got
     assert few["load"] <= whole["load"] * 1.1 and few["nvlink_store"] <= whole["nvlink_store"] * 1.1, got
     o = rt.ops()
     dst = torch.full((1 << 20,), -1, dtype=torch.int32, device=device)
@@ -188,8 +189,13 @@ def _sm_ceilings():
     assert bool((words[:, 2] == 1).all() and (words[:, 3] == 2).all()), words[:4]
     # A bad argument raises, with the number in the message (this crashed the process before
     # the numbers were formatted by msg() in csrc/moe_kernels.cu).
-    with pytest.raises(RuntimeError, match="mode must be 0 .stores. or 1 .loads., got 2"):
-        o.rate_probe(dst.data_ptr(), 0, 64, 2, 1, device.index)
+    dst.fill_(-1)  # the bulk stores write the same pattern, the tail past the last whole 16 KB too
+    o.rate_probe(dst.data_ptr(), 0, dst.numel() * 4 - 48, 2, 3, device.index)
+    words = dst.view(-1, 4).cpu()
+    assert bool((words[:-3, 2] == 1).all() and (words[:-3, 3] == 2).all()), words[:4]
+    assert bool((words[-3:] == -1).all()), words[-4:]  # and nothing past nbytes
+    with pytest.raises(RuntimeError, match=r"mode must be 0 \(stores\), 1 \(loads\) or 2 \(bulk stores\), got 3"):
+        o.rate_probe(dst.data_ptr(), 0, 64, 3, 1, device.index)
     with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):
         o.ping(torch.zeros(1, dtype=torch.int32, device=device), dst.data_ptr(), [dst.data_ptr()], 0, 1, 3, 1000)
 
