@@ -187,13 +187,13 @@ def _sm_ceilings():
     o.rate_probe(dst.data_ptr(), 0, dst.numel() * 4, 0, 3, device.index)
     words = dst.view(-1, 4).cpu()
     assert bool((words[:, 2] == 1).all() and (words[:, 3] == 2).all()), words[:4]
-    # A bad argument raises, with the number in the message (this crashed the process before
-    # the numbers were formatted by msg() in csrc/moe_kernels.cu).
     dst.fill_(-1)  # the bulk stores write the same pattern, the tail past the last whole 16 KB too
     o.rate_probe(dst.data_ptr(), 0, dst.numel() * 4 - 48, 2, 3, device.index)
     words = dst.view(-1, 4).cpu()
     assert bool((words[:-3, 2] == 1).all() and (words[:-3, 3] == 2).all()), words[:4]
     assert bool((words[-3:] == -1).all()), words[-4:]  # and nothing past nbytes
+    # A bad argument raises, with the number in the message (this crashed the process before
+    # the numbers were formatted by msg() in csrc/moe_kernels.cu).
     with pytest.raises(RuntimeError, match=r"mode must be 0 \(stores\), 1 \(loads\) or 2 \(bulk stores\), got 3"):
         o.rate_probe(dst.data_ptr(), 0, 64, 3, 1, device.index)
     with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):
