@@ -20,6 +20,17 @@ def plot_latency(reports: list[dict[str, Any]], path: str | Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install -e '.[plot]')"
+    fig = latency_figure(reports)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def latency_figure(reports: list[dict[str, Any]]) -> Any:
+    """The figure of `plot_latency` (matplotlib must be importable)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
     fig, axes = plt.subplots(len(reports), 2, figsize=(12, 4.2 * len(reports)), squeeze=False)
     for (ax_d, ax_c), report in zip(axes, reports):
         backends = sorted({r["backend"] for r in report["rows"]})
@@ -41,6 +52,11 @@ def plot_latency(reports: list[dict[str, Any]], path: str | Path) -> str | None:
                 ax.axhline(floor["median"], color="grey", linestyle=":",
                            label=f"latency floor, 2 launches ({floor['median']:.1f} us)")
             ax.set_xscale("log", base=2)
+            # Ticks at the measured token counts, as plain numbers (the log axis's own labels
+            # repeated powers of 2 between them).
+            counts = sorted({r["num_tokens"] for r in report["rows"]})
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticks(counts, [str(n) for n in counts])
             ax.set_yscale("log")
             ax.set_xlabel("tokens per rank")
             ax.set_ylabel(f"{op} median (us, slowest rank)")
@@ -48,6 +64,4 @@ def plot_latency(reports: list[dict[str, Any]], path: str | Path) -> str | None:
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return None
+    return fig
