@@ -1241,7 +1241,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
     // own arena, a local store on any transport; only the other replicas' copies are staged and
     // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
-    const int self_q = NVL ? -1 : (p.rank - g * p.tp >= 0 && p.rank - g * p.tp < p.tp ? p.rank - g * p.tp : -1);
+    const int q_me = p.rank - g * p.tp;  // this rank's replica index in group g, if it is one of them
+    const int self_q = !NVL && q_me >= 0 && q_me < p.tp ? q_me : -1;
     const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
@@ -1533,8 +1534,8 @@ static double dense_fraction(int E, int L, int topk) {
   return 1.0 - none;
 }
 
-// Direct receive (round 16): nvlink; the table in one portion (written by one
-// block); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
+// Direct receive (round 16): nvlink; the table fits one portion (written by
+// direct_blocks send blocks); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
 // shared memory; one warp per item within one block per SM.
 constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
 static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
