@@ -1,0 +1,126 @@
+"""What room the overlap row's matmul leaves for communication kernels beside it.
+
+1. Its kernels' grids, blocks, registers and shared memory as the CUDA profiler reports them,
+   against the SM's limits: a kernel whose blocks each take nearly a whole SM leaves room for
+   no ordinary communication block, so every SM that a send or receive block holds delays one
+   of its blocks.
+2. A co-residence test: a waiting kernel of one block per SM (each block sleeps as long as the
+   matmul takes), launched on a second stream just before the matmul, with 1, 2, 4 and 8 warps
+   per block: small blocks may fit in the registers a matmul block leaves of an SM, larger
+   ones cannot. `ratio` = both together / the longer alone: ~1 means they ran side by side,
+   ~2 one after the other.
+
+    python3 scripts/overlap_room.py [--dim 2048] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+import triton
+import triton.language as tl
+from torch.profiler import ProfilerActivity, profile
+
+
+@triton.jit
+def wait_kernel(out_ptr, ns):
+    """Each block waits `ns` nanoseconds of the GPU's clock, mostly asleep: it holds its SM's
+    resources but hardly issues, like a receive block waiting for a flag."""
+    pid = tl.program_id(0)
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False, pack=1)
+    t = t0
+    while t - t0 < ns:
+        t = tl.inline_asm_elementwise("nanosleep.u32 500;\n\tmov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    tl.store(out_ptr + pid, (t - t0).to(tl.float32))
+
+
+def median_us(body, reps: int = 50) -> float:
+    times = []
+    for _ in range(reps + 3):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(400_000)  # ~0.2 ms of GPU time: the host queues the body before it starts
+        start.record()
+        body()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    times = sorted(times[3:])
+    return times[len(times) // 2]
+
+
+def wait_beside(a: torch.Tensor, sms: int, warps: int, mm_us: float) -> dict:
+    """One block per SM of `warps` warps, waiting as long as the matmul takes, alone and then
+    launched on a second stream just before the matmul."""
+    out = torch.empty(sms, device="cuda")
+    side = torch.cuda.Stream()
+    ns = int(mm_us * 1000)
+
+    def wait() -> None:
+        wait_kernel[(sms,)](out, ns, num_warps=warps)
+
+    def both() -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            wait()
+        torch.mm(a, a)
+        torch.cuda.current_stream().wait_stream(side)
+
+    compiled = wait_kernel[(sms,)](out, ns, num_warps=warps)  # the launch returns the compiled kernel
+    wait_us, both_us = median_us(wait), median_us(both)
+    return {"warps_per_block": warps, "registers_per_thread": compiled.n_regs, "blocks": sms, "wait_us": wait_us,
+            "matmul_us": mm_us, "together_us": both_us, "ratio": both_us / max(wait_us, mm_us)}
+
+
+def coresidence(dim: int, sms: int) -> list[dict]:
+    a = torch.randn(dim, dim, device="cuda").to(torch.bfloat16)
+    mm_us = median_us(lambda: torch.mm(a, a))
+    return [wait_beside(a, sms, warps, mm_us) for warps in (1, 2, 4, 8)]
+
+
+def kernel_records(dim: int) -> list[dict]:
+    a = torch.randn(dim, dim, device="cuda").to(torch.bfloat16)
+    for _ in range(3):
+        torch.mm(a, a)  # the library's choice is made and cached before the traced call
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.mm(a, a)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    keys = ("grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM",
+            "est. achieved occupancy %")
+    return [{"name": e["name"], "us": e.get("dur"), **{k: e["args"].get(k) for k in keys}}
+            for e in events if e.get("cat") == "kernel"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dim", type=int, default=2048, help="the square bf16 matmul's size (the bench's: 2048)")
+    ap.add_argument("--out", help="also write the report as JSON here")
+    args = ap.parse_args()
+    prop = torch.cuda.get_device_properties(0)
+    report = {
+        "device": prop.name,
+        "sms": prop.multi_processor_count,
+        "registers_per_sm": prop.regs_per_multiprocessor,
+        "shared_memory_per_sm": prop.shared_memory_per_multiprocessor,
+        "dim": args.dim,
+        "kernels": kernel_records(args.dim),
+        "coresidence": coresidence(args.dim, prop.multi_processor_count),
+    }
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
