@@ -413,8 +413,8 @@ def machine_info() -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "gpus": gpus,
         "torch": torch.__version__,
-        "world_size": dist.get_world_size(),
-        "dist_backend": dist.get_backend(),
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "dist_backend": dist.get_backend() if dist.is_initialized() else None,
     }
 
 

@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moe_backend.bench import machine_info  # noqa: E402
 
 
 @triton.jit
@@ -38,7 +44,7 @@ def wait_kernel(out_ptr, ns):
     tl.store(out_ptr + pid, (t - t0).to(tl.float32))
 
 
-def median_us(body, reps: int = 50) -> float:
+def median_us(body: Callable[[], object], reps: int = 50) -> float:
     times = []
     for _ in range(reps + 3):
         torch.cuda.synchronize()
@@ -108,6 +114,7 @@ def main() -> None:
     args = ap.parse_args()
     prop = torch.cuda.get_device_properties(0)
     report = {
+        "machine": {**machine_info(), "triton": triton.__version__},
         "device": prop.name,
         "sms": prop.multi_processor_count,
         "registers_per_sm": prop.regs_per_multiprocessor,

@@ -139,3 +139,17 @@ def _time_after_barrier() -> None:
     got = time_after_barrier(torch.device("cpu"), lambda: (calls.append(1), time.sleep(0.002)), 5, 2)
     assert len(calls) == 7, calls
     assert 2000 <= got["p10"] <= got["median"] <= got["p90"] < 1e6, got
+
+
+def test_machine_info_outside_a_process_group() -> None:
+    """Scripts that time one GPU (scripts/overlap_room.py) record the machine with no process
+    group: world size 1, no distributed backend, and a commit."""
+    import torch.distributed as dist
+
+    from moe_backend.bench import machine_info
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    info = machine_info()
+    assert info["world_size"] == 1 and info["dist_backend"] is None
+    assert info["commit"] and info["date"].startswith("20")
