@@ -9,6 +9,9 @@
    per block: small blocks may fit in the registers a matmul block leaves of an SM, larger
    ones cannot. `ratio` = both together / the longer alone: ~1 means they ran side by side,
    ~2 one after the other.
+3. The same for a copy within the GPU by `cudaMemcpyAsync` (torch's `copy_` of a contiguous
+   tensor), sized to last about as long as the matmul: ~1 if the copy engines move it, ~2 if
+   it needs the SMs.
 
     python3 scripts/overlap_room.py [--dim 2048] [--out FILE.json]
 """
@@ -82,10 +85,40 @@ def wait_beside(a: torch.Tensor, sms: int, warps: int, mm_us: float) -> dict:
             "matmul_us": mm_us, "together_us": both_us, "ratio": both_us / max(wait_us, mm_us)}
 
 
-def coresidence(dim: int, sms: int) -> list[dict]:
+def memcpy_beside(a: torch.Tensor, mm_us: float) -> dict:
+    """A device-to-device copy of about the matmul's length, alone and then launched on a
+    second stream just before the matmul."""
+    side = torch.cuda.Stream()
+    nbytes = 1 << 20
+    src = dst = torch.empty(0)
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    while True:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        if median_us(copy, 10) >= mm_us:
+            break
+        nbytes *= 2
+
+    def both() -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            copy()
+        torch.mm(a, a)
+        torch.cuda.current_stream().wait_stream(side)
+
+    copy_us, both_us = median_us(copy), median_us(both)
+    return {"bytes": nbytes, "copy_us": copy_us, "matmul_us": mm_us, "together_us": both_us,
+            "ratio": both_us / max(copy_us, mm_us)}
+
+
+def coresidence(dim: int, sms: int) -> dict:
     a = torch.randn(dim, dim, device="cuda").to(torch.bfloat16)
     mm_us = median_us(lambda: torch.mm(a, a))
-    return [wait_beside(a, sms, warps, mm_us) for warps in (1, 2, 4, 8)]
+    return {"matmul_us": mm_us, "wait_kernel": [wait_beside(a, sms, warps, mm_us) for warps in (1, 2, 4, 8)],
+            "memcpy": memcpy_beside(a, mm_us)}
 
 
 def kernel_records(dim: int) -> list[dict]:
