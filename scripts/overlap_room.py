@@ -62,25 +62,31 @@ def median_us(body: Callable[[], object], reps: int = 50) -> float:
     return times[len(times) // 2]
 
 
+def median_us_beside_matmul(a: torch.Tensor, work: Callable[[], object]) -> float:
+    """`work` launched on a second stream, then the matmul a @ a on this one: both, joined."""
+    side = torch.cuda.Stream()
+
+    def both() -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            work()
+        torch.mm(a, a)
+        torch.cuda.current_stream().wait_stream(side)
+
+    return median_us(both)
+
+
 def wait_beside(a: torch.Tensor, sms: int, warps: int, mm_us: float) -> dict:
     """One block per SM of `warps` warps, waiting as long as the matmul takes, alone and then
     launched on a second stream just before the matmul."""
     out = torch.empty(sms, device="cuda")
-    side = torch.cuda.Stream()
     ns = int(mm_us * 1000)
 
     def wait() -> None:
         wait_kernel[(sms,)](out, ns, num_warps=warps)
 
-    def both() -> None:
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            wait()
-        torch.mm(a, a)
-        torch.cuda.current_stream().wait_stream(side)
-
     compiled = wait_kernel[(sms,)](out, ns, num_warps=warps)  # the launch returns the compiled kernel
-    wait_us, both_us = median_us(wait), median_us(both)
+    wait_us, both_us = median_us(wait), median_us_beside_matmul(a, wait)
     return {"warps_per_block": warps, "registers_per_thread": compiled.n_regs, "blocks": sms, "wait_us": wait_us,
             "matmul_us": mm_us, "together_us": both_us, "ratio": both_us / max(wait_us, mm_us)}
 
@@ -88,7 +94,6 @@ def wait_beside(a: torch.Tensor, sms: int, warps: int, mm_us: float) -> dict:
 def memcpy_beside(a: torch.Tensor, mm_us: float) -> dict:
     """A device-to-device copy of about the matmul's length, alone and then launched on a
     second stream just before the matmul."""
-    side = torch.cuda.Stream()
     nbytes = 1 << 20
     src = dst = torch.empty(0)
 
@@ -102,14 +107,7 @@ def memcpy_beside(a: torch.Tensor, mm_us: float) -> dict:
             break
         nbytes *= 2
 
-    def both() -> None:
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            copy()
-        torch.mm(a, a)
-        torch.cuda.current_stream().wait_stream(side)
-
-    copy_us, both_us = median_us(copy), median_us(both)
+    copy_us, both_us = median_us(copy), median_us_beside_matmul(a, copy)
     return {"bytes": nbytes, "copy_us": copy_us, "matmul_us": mm_us, "together_us": both_us,
             "ratio": both_us / max(copy_us, mm_us)}
 
