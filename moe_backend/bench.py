@@ -54,14 +54,17 @@ class Clock:
 
 
 def barrier(device: torch.device, flag: torch.Tensor) -> None:
+    """Before each timed call. Without a process group (a one-GPU script) only the sleep."""
+    grouped = dist.is_initialized()
     if device.type == "cuda":
         # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
         # and the host has time to enqueue the op, so the events time the GPU, not Python.
         # (~200 us was measured too short on a slower host: ~220 us of host time per
         # dispatch made the GPU wait and the events timed the host.)
         torch.cuda._sleep(1_000_000)
-        dist.all_reduce(flag)
-    else:
+        if grouped:
+            dist.all_reduce(flag)
+    elif grouped:
         dist.barrier()
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -31,7 +30,9 @@ import triton.language as tl
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from moe_backend.bench import machine_info  # noqa: E402
+from trace_waits import kernels  # noqa: E402  (scripts/ is this script's own folder on sys.path)
+
+from moe_backend.bench import machine_info, time_after_barrier  # noqa: E402
 
 
 @triton.jit
@@ -48,18 +49,9 @@ def wait_kernel(out_ptr, ns):
 
 
 def median_us(body: Callable[[], object], reps: int = 50) -> float:
-    times = []
-    for _ in range(reps + 3):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(400_000)  # ~0.2 ms of GPU time: the host queues the body before it starts
-        start.record()
-        body()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times = sorted(times[3:])
-    return times[len(times) // 2]
+    """Timed like the benchmark's ops: a GPU sleep first (the host queues `body` before it
+    starts), then CUDA events around it."""
+    return time_after_barrier(torch.device("cuda", torch.cuda.current_device()), body, reps, 3)["median"]
 
 
 def median_us_beside_matmul(a: torch.Tensor, work: Callable[[], object]) -> float:
@@ -128,10 +120,9 @@ def kernel_records(dim: int) -> list[dict]:
         torch.mm(a, a)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = kernels(path)
     keys = ("grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM",
             "est. achieved occupancy %")
     return [{"name": e["name"], "us": e.get("dur"), **{k: e["args"].get(k) for k in keys}}

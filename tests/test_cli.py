@@ -153,3 +153,21 @@ def test_machine_info_outside_a_process_group() -> None:
     info = machine_info()
     assert info["world_size"] == 1 and info["dist_backend"] is None
     assert info["commit"] and info["date"].startswith("20")
+
+
+def test_timing_outside_a_process_group() -> None:
+    """One-GPU scripts time calls like the ops (`time_after_barrier`) with no process group:
+    the barrier is then only the GPU sleep (nothing on the CPU), and every call is timed."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from moe_backend.bench import time_after_barrier
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    calls: list[int] = []
+    got = time_after_barrier(torch.device("cpu"), lambda: (calls.append(1), time.sleep(0.002)), 4, 1)
+    assert len(calls) == 5, calls
+    assert 2000 <= got["p10"] <= got["median"] <= got["p90"] < 1e6, got
