@@ -1241,8 +1241,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
     // own arena, a local store on any transport; only the other replicas' copies are staged and
     // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
-    const int q_me = p.rank - g * p.tp;  // this rank's replica index in group g, if it is one of them
-    const int self_q = !NVL && q_me >= 0 && q_me < p.tp ? q_me : -1;
+    const int self_q = !NVL && g == p.group ? p.replica : -1;  // this rank among group g's replicas
     const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
