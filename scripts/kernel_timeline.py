@@ -1,6 +1,7 @@
 """Where a dispatch's and a combine's time goes on each GPU (diagnostic).
 
-Runs a bench preset (default deepseek_decode, nvlink transport) on 2 local GPUs with the
+Runs a bench preset (default deepseek_decode, nvlink transport) on 2 local GPUs (or
+--world-size N; 1 times the kernels' own chain with no link in it) with the
 kernels' timeline stamps on (op `timeline_stamps`: each kernel's first and last block entry
 and last warp exit by %globaltimer, the plan's end of waiting and of its grid barrier, the combine
 send's warps at their first item, row map, sums, fence and end of send items)
@@ -11,7 +12,7 @@ and prints, per token count, the medians over the iterations of
   events around send + receive): the difference is launch latency outside the kernels.
 
     python scripts/kernel_timeline.py [--config deepseek_decode] [--tokens 1 128] [--sms N]
-                                      [--iters 100] [--out timeline.json]
+                                      [--world-size 2] [--iters 100] [--out timeline.json]
 
 The stamps cost time even when off, so only a build with them has them:
     rm -f moe_backend/_C*.so && MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace
@@ -107,6 +108,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
                 print(f"  {key:<32}" + "".join(f"{g[str(n)][key]:>10.1f}" for g in gathered))
         if out:
             bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
+                                    "world_size": dist.get_world_size(),
                                     "num_sms": sms, "per_rank": gathered}])
 
 
@@ -116,10 +118,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, nargs="+", help="tokens per rank (default: the preset's)")
     ap.add_argument("--sms", type=int, help="size the kernels for this many SMs")
     ap.add_argument("--transport", default="nvlink", choices=["nvlink", "put"])
+    ap.add_argument("--world-size", type=int, default=2, help="local GPUs (one process each)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--out", help="write the medians per rank as JSON here")
     args = ap.parse_args()
-    launch.spawn(_worker, 2, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
+    if not 1 <= args.world_size <= torch.cuda.device_count():
+        ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
+    launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
                  dist_backend="nccl", timeout=600)
     return 0
 
