@@ -44,6 +44,7 @@ struct Params {
   int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
+  int entry_last;   // the "entered" flags come from the grid's last block (entering_thread), not block 0
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -119,7 +120,7 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // item's row map, its sums, its fence (nvlink), and done with all their send items (in the
 // fused combine, the start of its receive half).
 enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
-             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, NSTAMP };
+             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
 // Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the
@@ -194,6 +195,17 @@ __device__ __forceinline__ void raise_flag(const Params& p, long long slot, int 
   } else {
     nvshmemx_signal_op(reinterpret_cast<uint64_t*>(sigp(p, p.sym, slot)), round, NVSHMEM_SIGNAL_SET, p.pe[r]);
   }
+}
+
+// The thread that raises a kernel's "entered" flag at rank r, or -1. Its release store costs
+// ~1 us (the fence before it waits for the SM's memory traffic), so it is taken by the last W
+// threads of the grid's last block (p.entry_last): block 0 writes the routing table and
+// warp 0 of block 0 takes the first combine item, which then waited behind the fence.
+__device__ __forceinline__ int entering_peer(const Params& p) {
+  const bool last = p.entry_last != 0;
+  if (blockIdx.x != (last ? gridDim.x - 1 : 0)) return -1;
+  const int r = last ? (int)threadIdx.x - ((int)blockDim.x - p.W) : (int)threadIdx.x;
+  return r >= 0 && r < p.W ? r : -1;
 }
 
 // Warp-cooperative byte copy; 16-byte vectors when everything is aligned.
@@ -443,7 +455,7 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
         } else {
           __threadfence_system();
           for (int r = 0; r < p.W; ++r) atomicAdd_system(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
-        }
+        }        stamp_exit(ST_SEND_TABLE);
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
@@ -491,13 +503,11 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
   const int tid = threadIdx.x, lane = tid & 31;
   const int E = p.E, L = p.L, topk = p.topk;
 
-  if (blockIdx.x == 0) {
-    // "Entered": orders nothing of this kernel (earlier kernels' accesses are complete), so a
-    // release store without the full system fence on nvlink.
-    if (tid < p.W) {
-      if constexpr (NVL) st_release_sys(sigp(p, p.peer[tid], sig_arrive(p, p.rank)), round);
-      else raise_flag<false>(p, sig_arrive(p, p.rank), tid, round);
-    }
+  // "Entered": orders nothing of this kernel (earlier kernels' accesses are complete), so a
+  // release store without the full system fence on nvlink.
+  if (const int r = entering_peer(p); r >= 0) {
+    if constexpr (NVL) st_release_sys(sigp(p, p.peer[r], sig_arrive(p, p.rank)), round);
+    else raise_flag<false>(p, sig_arrive(p, p.rank), r, round);
   }
   extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
   if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem);
@@ -814,9 +824,21 @@ __device__ __forceinline__ void copy_token_piece(const Params& p, char* __restri
   } else if (piece == 0) {  // unaligned rows: piece 0 copies the whole row
     for (int j = 0; j < nk; ++j) warp_copy(tokens + (long long)rows[j] * p.row_bytes, src, p.row_bytes, lane);
   }
-  if (p.scale_bytes && piece == P - 1)
-    for (int j = 0; j < nk; ++j)
-      warp_copy(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes, ssrc, p.scale_bytes, lane);
+  if (p.scale_bytes && piece == P - 1) {
+    // Scales of up to 512 B (fp8 at H <= 16384): one 16-byte load per lane, then a store per
+    // row. warp_copy per row would load the source again before every row's store (it may alias).
+    if (p.scale_bytes <= 512 && ((reinterpret_cast<uintptr_t>(ssrc) | reinterpret_cast<uintptr_t>(scales) |
+                                  (uintptr_t)p.scale_bytes) & 15) == 0) {
+      const int n16s = p.scale_bytes >> 4;
+      const int4 v = lane < n16s ? *reinterpret_cast<const int4*>(ssrc + 16 * lane) : int4{};
+      if (lane < n16s)
+        for (int j = 0; j < nk; ++j)
+          reinterpret_cast<int4*>(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes)[lane] = v;
+    } else {
+      for (int j = 0; j < nk; ++j)
+        warp_copy(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes, ssrc, p.scale_bytes, lane);
+    }
+  }
 }
 
 template <bool DYNAMIC>
@@ -890,6 +912,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
     sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
   }
   __syncthreads();
+  if (warp == 0) stamp_exit(ST_PLAN_WAITED);  // the timeline's "waited": every table is in
   const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
   for (int e = tid; e < L; e += blockDim.x) {
     int acc = 0;
@@ -916,6 +939,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
     if (blockIdx.x == 0 && lane == 31) publish_round(p, offs, L, incl, round, sh_n);
   }
   __syncthreads();
+  if (warp == 0) stamp_exit(ST_PLAN_BARRIER);  // the timeline's "barrier": the offsets are scanned
   const int total = G * M;
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
   const int item = (int)blockIdx.x * NWARPS + warp;
@@ -954,6 +978,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
     nk += __popc(b);
   }
   __syncwarp();
+  if (live) stamp_exit(ST_DIRECT_ROWS);
   copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
   stamp_exit(ST_COPY);
 }
@@ -1200,10 +1225,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
-  if (blockIdx.x == 0 && threadIdx.x < p.W) {
+  if (const int r = entering_peer(p); r >= 0) {
     // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
-    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[threadIdx.x], sig_barrier(p, p.rank)), round);
-    else raise_flag<NVL>(p, sig_barrier(p, p.rank), threadIdx.x, round);
+    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[r], sig_barrier(p, p.rank)), round);
+    else raise_flag<NVL>(p, sig_barrier(p, p.rank), r, round);
   }
 
   const int S = p.comb_slices;
@@ -1585,6 +1610,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->token_release = env_switch("MOE_BACKEND_NVSHMEM_TOKEN_RELEASE", true) ? 1 : 0;
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
+  p->entry_last = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_LAST", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.

@@ -7,13 +7,21 @@ import torch
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs 2 CUDA GPUs (runs on the GPU machine, skipped in CI)")
+    config.addinivalue_line("markers", "gpu(gpus=2): needs that many CUDA GPUs (runs on the GPU machine, "
+                                       "skipped in CI)")
+
+
+def gpus_needed(marker: pytest.Mark) -> int:
+    """GPUs a `gpu` marker asks for: `gpus=N`, else 2 (most GPU tests run two ranks)."""
+    need = marker.kwargs.get("gpus", 2)
+    if not isinstance(need, int) or need < 1:
+        raise ValueError(f"pytest.mark.gpu(gpus={need!r}): gpus must be an int >= 1")
+    return need
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.device_count() >= 2:
-        return
-    skip = pytest.mark.skip(reason="needs 2 CUDA GPUs")
+    have = torch.cuda.device_count()
     for item in items:
-        if item.get_closest_marker("gpu") is not None:  # the marker, not the folder name
-            item.add_marker(skip)
+        marker = item.get_closest_marker("gpu")  # the marker, not the folder name
+        if marker is not None and have < gpus_needed(marker):
+            item.add_marker(pytest.mark.skip(reason=f"needs {gpus_needed(marker)} CUDA GPU(s), has {have}"))

@@ -30,3 +30,12 @@ def test_gpu_world_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("MOE_TEST_WORLD", "1")
     with pytest.raises(ValueError, match="MOE_TEST_WORLD must be >= 2"):
         _workers.gpu_world()
+
+
+def test_gpu_marker_names_how_many_gpus() -> None:
+    from conftest import gpus_needed
+
+    assert gpus_needed(pytest.mark.gpu.mark) == 2
+    assert gpus_needed(pytest.mark.gpu(gpus=1).mark) == 1
+    with pytest.raises(ValueError, match="gpus must be an int >= 1"):
+        gpus_needed(pytest.mark.gpu(gpus=0).mark)

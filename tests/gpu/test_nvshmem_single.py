@@ -21,7 +21,7 @@ from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, run_case
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workers  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpu(gpus=1)
 
 if torch.cuda.device_count() < 1:
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
