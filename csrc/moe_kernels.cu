@@ -44,7 +44,8 @@ struct Params {
   int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
-  int entry_last;   // the "entered" flags come from the grid's last block (entering_thread), not block 0
+  int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
+  int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -1349,11 +1350,24 @@ __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, cons
   const int S = p.comb_slices;
   const long long items = (long long)ra.rows * S;
   const long long stride = (long long)gridDim.x * nwarps;
-  for (long long i = COUNTER ? next_item<true>(&p.state[7], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
-       i < items; i = next_item<COUNTER>(&p.state[7], i, stride, lane)) {
+  // Grid-stride items with topk <= 32: the next item's ids (one per lane) are loaded before
+  // this item's flags are waited for. An item was three dependent loads (ids, flags,
+  // partials), and a warp of the receive beside the send takes several items.
+  const bool prefetch = !COUNTER && p.recv_prefetch && topk <= 32;
+  auto item_id = [&](long long j) -> int {
+    const int tj = (int)(j / S);
+    return j < items && tj < n && lane < topk ? ra.ids[(long long)tj * topk + lane] : -1;
+  };
+  long long i = COUNTER ? next_item<true>(&p.state[7], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+  int id_next = prefetch ? item_id(i) : -1;
+  for (; i < items; i = next_item<COUNTER>(&p.state[7], i, stride, lane)) {
     const int t = (int)(i / S), sl = (int)(i % S);
     unsigned long long mask = 0;
-    if (t < n) {
+    if (prefetch) {
+      const int id = id_next;
+      id_next = item_id(i + stride);  // in flight while this item waits and sums
+      if (id >= 0 && id < E) mask = 1ULL << (id / L);
+    } else if (t < n) {
       for (int k = lane; k < topk; k += 32) {
         int id = ra.ids[(long long)t * topk + k];
         if (id >= 0 && id < E) mask |= 1ULL << (id / L);
@@ -1611,6 +1625,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 16: 1-token combine 15.6 -> 15.3 us, 32 tokens 16.9-17.0 -> 16.4-16.5, 128 a wash.
   p->entry_release = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_RELEASE", true) ? 1 : 0;
   p->entry_last = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_LAST", true) ? 1 : 0;
+  p->recv_prefetch = env_switch("MOE_BACKEND_NVSHMEM_RECV_PREFETCH", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
