@@ -917,19 +917,10 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
   for (int e = tid; e < L; e += blockDim.x) {
     int acc = 0;
-    for (int g0 = 0; g0 < G; g0 += 4) {  // four groups' counts in flight, not one after another
-      int c[4];
-#pragma unroll
-      for (int d = 0; d < 4; ++d)
-        c[d] = g0 + d < G ? __ldcg(reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)(g0 + d) * p.table_bytes +
-                                                                coff) + p.rank * L + e)
-                          : 0;
-#pragma unroll
-      for (int d = 0; d < 4; ++d)
-        if (g0 + d < G) {
-          base[(g0 + d) * L + e] = acc;
-          acc += c[d];
-        }
+    for (int g = 0; g < G; ++g) {
+      base[g * L + e] = acc;
+      acc += __ldcg(reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + coff) +
+                    p.rank * L + e);
     }
     base[G * L + e] = acc;
   }
@@ -968,11 +959,8 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;
     int row = -1;
-    float wv = 0.0f;
     if (k < topk && live) {
       const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
-      // loaded beside the id, not after the row is known: one load latency less before the copy
-      if (weighted && piece == 0) wv = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
       const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
       if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
     }
@@ -983,7 +971,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
         sg[row] = gg;
         stok[row] = tt;
         sk[row] = k;
-        if (weighted) weights[row] = wv;
+        if (weighted) weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
       }
     }
     const unsigned b = __ballot_sync(0xffffffffu, ok);
@@ -2016,40 +2004,26 @@ static int launch_combine_send_x(const Params& p, const void* y, const float* w,
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
-// running send whose blocks take `send_regs` registers (blocks of 4 to COMB_OVERLAP_MAX_WARPS
-// warps). Concurrent only when one send block and one receive block fit an SM's 64K registers
+// running send whose blocks take `send_regs` registers (COMB_OVERLAP_THREADS-thread blocks).
+// Concurrent only when one send block and one receive block fit an SM's 64K registers
 // together: the receive has <= SMs blocks, so it can never fill every SM twice over and the
 // never-waiting send always finds room (no deadlock). Returns false (nothing launched) when
 // they would not fit: the caller then runs the receive alone, later.
-// Beside the send, each receive warp takes several items (128 tokens x S slices at decode),
-// one after another: as many warps as fit (MOE_BACKEND_NVSHMEM_COMB_RECV_WARPS caps them;
-// 4 was the rule before round 23).
-constexpr int COMB_OVERLAP_MIN_WARPS = 4;
-constexpr int COMB_OVERLAP_MAX_WARPS = 8;
-static int comb_recv_warps_cap() {
-  static const int cap = [] {
-    const char* v = std::getenv("MOE_BACKEND_NVSHMEM_COMB_RECV_WARPS");
-    return std::max(COMB_OVERLAP_MIN_WARPS, std::min(NWARPS, v && *v ? std::atoi(v) : COMB_OVERLAP_MAX_WARPS));
-  }();
-  return cap;
-}
-template <typename TX, typename TO, int N>
-static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int send_regs, int blocks, cudaStream_t s) {
-  static const int warp_regs = ready_kernel(combine_recv_kernel<TX, TO, N>, 32, false);
-  int threads = NTHREADS;
-  if (send_regs) {
-    const int warps = std::min(comb_recv_warps_cap(), (65536 - send_regs) / warp_regs);
-    if (warps < COMB_OVERLAP_MIN_WARPS) return false;
-    threads = 32 * warps;
-  }
-  combine_recv_kernel<TX, TO, N><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
-  return true;
-}
+constexpr int COMB_OVERLAP_THREADS = 128;
 template <typename TX, typename TO>
 static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
-  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, ra, send_regs, blocks, s)
-                      : launch_combine_recv_n<TX, TO, 1>(p, ra, send_regs, blocks, s);
+  const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
+  if (p.H % 8 == 0) {
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS, false);
+    if (send_regs && send_regs + regs > 65536) return false;
+    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
+  } else {
+    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS, false);
+    if (send_regs && send_regs + regs > 65536) return false;
+    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
+  }
+  return true;
 }
 
 // The receive's arguments from the op's tensors.
