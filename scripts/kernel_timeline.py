@@ -41,8 +41,8 @@ DISPATCH = ["send", "send_table", "plan", "plan_waited", "plan_barrier", "direct
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
 # stamps that record one moment (the latest over warps), not a kernel
-EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items", "combine_send_summed", "combine_send_fenced",
-             "combine_send_loop", "combine_send_rows")
+EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items",
+             "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows")
 WARMUP = 10
 
 
