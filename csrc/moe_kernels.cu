@@ -45,8 +45,7 @@ struct Params {
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
-  int recv_prefetch;  // combine: the receive's next item's ids before this item's wait; the send's
-                      // first item's row map before the round's token count
+  int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -1234,14 +1233,6 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   }
 
   const int S = p.comb_slices;
-  // The first grid-stride item's row map entries, loaded before the round's token count: its
-  // index does not depend on the count, and the entries are the first of the item's dependent
-  // loads (row map, weight, rows). At decode sizes a warp has one item.
-  const long long i0 = FUSED ? -1 : (long long)warp * gridDim.x + blockIdx.x;
-  const bool first_pre = !FUSED && p.recv_prefetch && topk <= 32 && i0 < (long long)G * M * S;
-  int row_pre = -1;
-  if (first_pre && lane < topk)
-    row_pre = p.rowmap[((long long)(i0 / S % G) * M + (i0 / S / G)) * topk + lane];
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
   // for each of those empty items (G*M*S of them with a few tokens in a large arena).
@@ -1258,7 +1249,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     int nk = 0;
     for (int k0 = 0; k0 < topk; k0 += 32) {
       int k = k0 + lane;
-      int row = first_pre && i == i0 ? row_pre : k < topk ? rm[k] : -1;
+      int row = k < topk ? rm[k] : -1;
       unsigned b = __ballot_sync(0xffffffffu, row >= 0);
       if (row >= 0) {
         int pos = nk + __popc(b & ((1u << lane) - 1));
