@@ -46,6 +46,7 @@ struct Params {
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
   int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
   int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
+  int table_prefetch;  // direct table, one id per thread: id and weight loaded before the masks are cleared
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -373,6 +374,16 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const int q = topk >> 2;  // 16-byte vectors per token (vec)
   const int4* i4 = reinterpret_cast<const int4*>(ids);
+  // One id per thread (n * topk <= threads, e.g. 1 token): the id and its weight are loaded
+  // before the masks are cleared, so their latency overlaps the clearing and the barrier, and
+  // the ranking pass loads nothing (it loaded the weight, after the masks were built).
+  const bool one = !vec && p.table_prefetch && n * topk <= nt;
+  int my_id = -1;
+  float my_w = 0.0f;
+  if (one && tid < n * topk) {
+    my_id = ids[tid];
+    if (w) my_w = w[tid];
+  }
   for (int i = tid; i < E * nw; i += nt) msk[i] = 0;
   __syncthreads();
   auto mark = [&](int id, int t) {
@@ -384,6 +395,8 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       const int t = v / q;
       mark(a.x, t), mark(a.y, t), mark(a.z, t), mark(a.w, t);
     }
+  } else if (one) {
+    if (tid < n * topk) mark(my_id, tid / topk);
   } else {
     for (int i = tid; i < n * topk; i += nt) mark(ids[i], i / topk);
   }
@@ -408,6 +421,16 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       for (int r = 0; r < p.W; ++r) {
         *reinterpret_cast<int4*>(p.peer[r] + o) = a;
         if (w) *reinterpret_cast<float4*>(p.peer[r] + o + topk * 4) = b;
+      }
+    }
+  } else if (one) {
+    if (tid >= t0 * topk && tid < t1 * topk) {
+      const int t = tid / topk;
+      const int v = packed(my_id, t);
+      const long long o = toff + table_token_off(p, t) + (tid % topk) * 4;
+      for (int r = 0; r < p.W; ++r) {
+        *reinterpret_cast<int*>(p.peer[r] + o) = v;
+        if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = my_w;
       }
     }
   } else {
@@ -1629,6 +1652,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->entry_last = env_switch("MOE_BACKEND_NVSHMEM_ENTRY_LAST", true) ? 1 : 0;
   // Round 23 (one H200, world size 1): 128-token combine 23.5 -> 18.7 us, put 24.1 -> 18.9-19.6.
   p->recv_prefetch = env_switch("MOE_BACKEND_NVSHMEM_RECV_PREFETCH", true) ? 1 : 0;
+  p->table_prefetch = env_switch("MOE_BACKEND_NVSHMEM_TABLE_PREFETCH", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
