@@ -931,13 +931,33 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
   if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  const bool pre = p.table_prefetch != 0;
   if (tid < G) {
     wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
-    const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
-    sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+    if (!pre) {
+      const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+      sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+    }
   }
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_WAITED);  // the timeline's "waited": every table is in
+  const int total = G * M;
+  const int item = (int)blockIdx.x * NWARPS + warp;
+  int gg = 0, tt = 0;
+  if (item < total * P) item_token(p, item / P, gg, tt);
+  const int* tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
+                                                 table_token_off(p, tt));
+  // With the switch, the headers, the counts and this warp's item's ids are loaded together,
+  // after the one barrier: all were announced with the tables (before, each waited for the
+  // one before it). An id past the group's n is loaded but not used.
+  int id_pre = -1;
+  if (pre) {
+    if (tid < G) {
+      const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+      sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+    }
+    if (item < total * P && lane < topk) id_pre = __ldcg(tids + lane);
+  }
   const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
   for (int e = tid; e < L; e += blockDim.x) {
     int acc = 0;
@@ -965,26 +985,20 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   }
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_BARRIER);  // the timeline's "barrier": the offsets are scanned
-  const int total = G * M;
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
-  const int item = (int)blockIdx.x * NWARPS + warp;
   if (item >= total * P) {
     stamp_exit(ST_COPY);
     return;
   }
   const int piece = item % P;
-  int gg, tt;
-  item_token(p, item / P, gg, tt);
   const long long uu = (long long)gg * M + tt;
-  const int* tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
-                                                 table_token_off(p, tt));
   const bool live = tt < sh_n[gg] && (gg != p.group || tt < xrows);
   int nk = 0;
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;
     int row = -1;
     if (k < topk && live) {
-      const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
+      const int v = pre && k0 == 0 ? id_pre : __ldcg(tids + k);  // (rank << 16) | id, or -1
       const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
       if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
     }
