@@ -200,10 +200,11 @@ __device__ __forceinline__ void raise_flag(const Params& p, long long slot, int 
   }
 }
 
-// The rank r whose "entered" flag the calling thread raises, or -1. The release store waits
-// for its fence, so the flags come from the last W threads of the grid's last block
-// (p.entry_last): block 0 writes the routing table and warp 0 of block 0 takes the first
-// combine item, and both waited behind it (round 23: 1-token dispatch 0.4-0.7 us shorter).
+// The rank r whose "entered" flag the calling thread raises (or, in the combine receive, waits
+// for), or -1. The release store waits for its fence, so the flags come from the last W threads
+// of the grid's last block (p.entry_last): block 0 writes the routing table and warp 0 of
+// block 0 takes the first combine item, and both waited behind it (round 23: 1-token dispatch
+// 0.4-0.7 us shorter). The combine receive's wait moves there too (round 24).
 __device__ __forceinline__ int entering_peer(const Params& p) {
   const bool last = p.entry_last != 0;
   if (blockIdx.x != (last ? gridDim.x - 1 : 0)) return -1;
@@ -1468,8 +1469,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   stamp_entry(ST_CRECV);
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
-  if (blockIdx.x == 0 && threadIdx.x < p.W)
-    wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
+  if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);
   combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
   combine_finish(p, round);
   stamp_exit(ST_CRECV);
