@@ -936,7 +936,8 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   const bool pre = p.table_prefetch != 0;
   if (tid < G) {
     wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
-    if (!pre) {
+    if (!pre) {  // the order before round 24, kept for the switch's A/B (one load after the
+                 // barrier for both paths made ptxas spill 12 B in this 64-register kernel)
       const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
       sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
     }
@@ -1463,7 +1464,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // ---------------------------------------------------------------------------------------
 // Combine receive: wait for every rank's barrier flag; one warp per own token sums the
 // partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
-// the output dtype; zeros elsewhere. The last block to finish advances the round counter.
+// the output dtype; zeros elsewhere. Then the round counter advances (combine_finish).
 template <typename TX, typename TO, int N>
 __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
   stamp_entry(ST_CRECV);

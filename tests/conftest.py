@@ -23,5 +23,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     have = torch.cuda.device_count()
     for item in items:
         marker = item.get_closest_marker("gpu")  # the marker, not the folder name
-        if marker is not None and have < gpus_needed(marker):
-            item.add_marker(pytest.mark.skip(reason=f"needs {gpus_needed(marker)} CUDA GPU(s), has {have}"))
+        need = gpus_needed(marker) if marker is not None else 0
+        if have < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s), has {have}"))
