@@ -50,6 +50,8 @@ struct Params {
   int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
+  int idle_exit;       // direct receive: blocks of own-group items past x's rows leave at once (round 25)
+  int ll_backoff_ns;   // direct receive: sleep between polls of a tagged word (0: none; round 25 A/B)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -243,6 +245,7 @@ __device__ __forceinline__ T poll_tagged_slow(const Params& p, const char* src, 
   if (*(volatile unsigned long long*)&p.state[4]) return T{};
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
+    if (p.ll_backoff_ns) __nanosleep(p.ll_backoff_ns);
     ld_tagged_into(src, v);
     if (tagged_now(v, round)) return v;
     if ((i & 31) == 0) {
@@ -1094,6 +1097,19 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
   const int piece = item % P;
   int gg = 0, tt = 0;
   if (has_item) item_token(p, item / P, gg, tt);
+  // A block whose items are all own-group tokens past x's rows (no token, known at launch)
+  // leaves at once, after marking its tokens' row maps empty as the receive of a dead item does
+  // (the combine send may visit them): it neither polls the tables nor holds an SM (p.idle_exit;
+  // block 0 publishes, so it stays). Other groups' counts are known only from their tables.
+  if (p.idle_exit && blockIdx.x != 0) {
+    const int lo = (int)blockIdx.x * NWARPS, hi = min(lo + NWARPS, total * P) - 1;
+    if (lo / P >= xrows && hi / P < M) {  // item_token: items below M * P are the own group's, t = item / P
+      if (has_item && piece == 0)
+        for (int k = lane; k < topk; k += 32) p.rowmap[((long long)p.group * M + item / P) * topk + k] = -1;
+      stamp_exit(ST_COPY);
+      return;
+    }
+  }
   const char* tbl = p.sym + p.off_tables;
   constexpr bool ll = LL;  // one instance per table format: each keeps only its own registers
   const bool pre = p.table_prefetch != 0;
@@ -1899,6 +1915,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const bool fits = p->row_bytes % 16 == 0 && per16 <= 32 * EARLY_UNROLL && p->scale_bytes % 16 == 0 &&
                       p->scale_bytes <= 512;
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
+  }
+  p->idle_exit = env_switch("MOE_BACKEND_NVSHMEM_IDLE_EXIT", true) ? 1 : 0;
+  {
+    const char* v = std::getenv("MOE_BACKEND_NVSHMEM_LL_BACKOFF_NS");
+    p->ll_backoff_ns = v && *v ? std::max(0, std::min(100000, std::atoi(v))) : 0;
   }
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
