@@ -50,8 +50,7 @@ struct Params {
   int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
-  int idle_exit;       // direct receive: blocks of own-group items past x's rows leave at once (round 25)
-  int ll_backoff_ns;   // direct receive: sleep between polls of a tagged word (0: none; round 25 A/B)
+  int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -245,7 +244,6 @@ __device__ __forceinline__ T poll_tagged_slow(const Params& p, const char* src, 
   if (*(volatile unsigned long long*)&p.state[4]) return T{};
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
-    if (p.ll_backoff_ns) __nanosleep(p.ll_backoff_ns);
     ld_tagged_into(src, v);
     if (tagged_now(v, round)) return v;
     if ((i & 31) == 0) {
@@ -715,6 +713,15 @@ __global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, 
       st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
 }
 
+// Inclusive scan of one value per lane.
+__device__ __forceinline__ int warp_incl_scan(int v, int lane) {
+  for (int d = 1; d < 32; d <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+
 // Exclusive scan of totals[0, L) by one warp: lane i takes the run of experts [e0, e1) and gets
 // in `off` the sum of every total before e0; returns the sum of all totals up to e1 (lane 31:
 // the grand total).
@@ -724,11 +731,7 @@ __device__ __forceinline__ int warp_scan_runs(const int* totals, int L, int lane
   e1 = min(L, e0 + per);
   int run = 0;
   for (int e = e0; e < e1; ++e) run += totals[e];
-  int incl = run;
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
+  const int incl = warp_incl_scan(run, lane);
   off = incl - run;
   return incl;
 }
@@ -1088,6 +1091,7 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
   __shared__ int sh_rows[NWARPS][64];
   __shared__ int sh_n[MAXW];
   __shared__ int4 sh_early[NWARPS][EARLY_INT4S];
+  __shared__ int sh_wsum[NWARPS];  // par: each warp's sum of totals
   const unsigned long long round = p.state[0] + 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
@@ -1097,22 +1101,19 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
   const int piece = item % P;
   int gg = 0, tt = 0;
   if (has_item) item_token(p, item / P, gg, tt);
-  // A block whose items are all own-group tokens past x's rows (no token, known at launch)
-  // leaves at once, after marking its tokens' row maps empty as the receive of a dead item does
-  // (the combine send may visit them): it neither polls the tables nor holds an SM (p.idle_exit;
-  // block 0 publishes, so it stays). Other groups' counts are known only from their tables.
-  if (p.idle_exit && blockIdx.x != 0) {
-    const int lo = (int)blockIdx.x * NWARPS, hi = min(lo + NWARPS, total * P) - 1;
-    if (lo / P >= xrows && hi / P < M) {  // item_token: items below M * P are the own group's, t = item / P
-      if (has_item && piece == 0)
-        for (int k = lane; k < topk; k += 32) p.rowmap[((long long)p.group * M + item / P) * topk + k] = -1;
-      stamp_exit(ST_COPY);
-      return;
-    }
-  }
   const char* tbl = p.sym + p.off_tables;
   constexpr bool ll = LL;  // one instance per table format: each keeps only its own registers
   const bool pre = p.table_prefetch != 0;
+  // The expert offsets by every thread at once (p.par_scan, round 25): thread e holds expert e's
+  // total, so a warp scan, the warps' sums and one barrier give every offset; else warp 0 scans
+  // runs of experts from shared memory while the others wait (and with more experts than threads).
+  const bool par = p.par_scan && L <= (int)blockDim.x;
+  int my_total = 0, wincl = 0;  // par: this thread's expert's total, its inclusive scan in the warp
+  auto warp_part = [&]() {
+    if (!par) return;
+    wincl = warp_incl_scan(my_total, lane);
+    if (lane == 31) sh_wsum[warp] = wincl;
+  };
   const bool have = p.early_load && has_item && gg == p.group && tt < xrows &&
                     ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(xscale)) & 15) == 0;
   if (have)
@@ -1152,7 +1153,9 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
           }
       }
       base[G * L + e] = acc;
+      if (e == tid) my_total = acc;
     }
+    warp_part();
   } else if (tid < G) {
     wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
     if (!pre) {  // the order before round 24, kept for the switch's A/B (one load after the
@@ -1183,10 +1186,23 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
         acc += __ldcg(reinterpret_cast<const int*>(tbl + (long long)g * p.table_bytes + coff) + p.rank * L + e);
       }
       base[G * L + e] = acc;
+      if (e == tid) my_total = acc;
     }
+    warp_part();
     __syncthreads();
   }
-  if (warp == 0) {  // exclusive scan of the totals, as in the plan
+  if (par) {
+    const int before = __reduce_add_sync(0xffffffffu, lane < warp ? sh_wsum[lane] : 0);
+    if (tid < L) {
+      const int off = before + wincl - my_total;
+      for (int g = 0; g < G; ++g) base[g * L + tid] += off;
+      if (blockIdx.x == 0) {
+        tpe[tid] = my_total;
+        offs[tid] = off;
+        if (tid == L - 1) publish_round(p, offs, L, off + my_total, round, sh_n);
+      }
+    }
+  } else if (warp == 0) {  // exclusive scan of the totals, as in the plan
     int e0, e1, off;
     const int incl = warp_scan_runs(base + G * L, L, lane, e0, e1, off);
     for (int e = e0; e < e1; ++e) {
@@ -1916,11 +1932,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
                       p->scale_bytes <= 512;
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   }
-  p->idle_exit = env_switch("MOE_BACKEND_NVSHMEM_IDLE_EXIT", true) ? 1 : 0;
-  {
-    const char* v = std::getenv("MOE_BACKEND_NVSHMEM_LL_BACKOFF_NS");
-    p->ll_backoff_ns = v && *v ? std::max(0, std::min(100000, std::atoi(v))) : 0;
-  }
+  p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.

@@ -72,13 +72,13 @@ def _overlap_env(on: str) -> dict[str, str]:
     return {f"MOE_BACKEND_NVSHMEM_{k}": on for k in ("OVERLAP", "COMBINE_OVERLAP", "COMBINE_FUSED")}
 
 
-# The small nvlink arenas take the direct receive, by default with the round-tagged table and
-# the early load of own rows (round 25); "untagged" runs it with the table's flag and without
-# the early load, as before.
+# The small nvlink arenas take the direct receive, by default with the round-tagged table, the
+# early load of own rows and the parallel scan of the offsets (round 25); "untagged" runs it
+# with the table's flag, without the early load and with warp 0's scan, as before.
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
-    "untagged": {"MOE_BACKEND_NVSHMEM_LL_TABLE": "0", "MOE_BACKEND_NVSHMEM_EARLY_LOAD": "0"},
+    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
 }
 
 
