@@ -48,6 +48,9 @@ struct Params {
   int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   int table_prefetch;  // direct table, one id per thread: id and weight loaded before the masks are cleared
   int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
+  int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
+  int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
+  int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -105,6 +108,44 @@ __device__ __forceinline__ void red_add_release_sys(unsigned long long* ptr, uns
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
+// Round-tagged words (the direct table with p.ll_table): each 8-byte word holds a 32-bit value
+// (low half) and the low 32 bits of the round (high half), written by one 8-byte store, and an
+// aligned 8-byte access is single-copy atomic (vector accesses per element), so a reader that
+// sees this round's tag sees the value stored with it. Volatile accesses (relaxed, system
+// scope) bypass L1, so a poll sees a peer's store.
+__device__ __forceinline__ unsigned long long tag_word(unsigned v, unsigned long long round) {
+  return ((unsigned long long)(unsigned)round << 32) | v;
+}
+__device__ __forceinline__ void st_tagged(char* dst, unsigned v, unsigned long long round) {
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dst), "l"(tag_word(v, round)) : "memory");
+}
+// Two tagged words in one 16-byte store.
+__device__ __forceinline__ void st_tagged2(char* dst, unsigned a, unsigned b, unsigned long long round) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(tag_word(a, round)),
+               "l"(tag_word(b, round))
+               : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_tagged(const char* src) {
+  unsigned long long v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
+  return v;
+}
+__device__ __forceinline__ ulonglong2 ld_tagged2(const char* src) {
+  ulonglong2 v;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(src) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool tagged_now(unsigned long long v, unsigned long long round) {
+  return (unsigned)(v >> 32) == (unsigned)round;
+}
+// 16-byte asynchronous copies from global into shared memory (L2 only), in commit groups.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int K>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory"); }
 // Programmatic dependent launch: a kernel launched with it may start before the previous
 // kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results
 // (a no-op without it); launch_dependents() lets the next kernel be scheduled early.
@@ -186,6 +227,38 @@ __device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsig
       }
     }
   }
+}
+
+// Bounded poll of a round-tagged word (8 bytes) or pair of words (16 bytes) at src, starting
+// from a load `v` already made, until it carries this round (both words of a pair); the word
+// as loaded, or whatever it holds after a timeout (recorded like wait_flag's) or an earlier
+// error: callers range-check what they take from it.
+__device__ __forceinline__ bool tagged_now(ulonglong2 v, unsigned long long round) {
+  return tagged_now(v.x, round) && tagged_now(v.y, round);
+}
+__device__ __forceinline__ void ld_tagged_into(const char* src, unsigned long long& v) { v = ld_tagged(src); }
+__device__ __forceinline__ void ld_tagged_into(const char* src, ulonglong2& v) { v = ld_tagged2(src); }
+template <typename T>
+__device__ __forceinline__ T poll_tagged_slow(const Params& p, const char* src, unsigned long long round, int peer) {
+  T v;
+  if (*(volatile unsigned long long*)&p.state[4]) return T{};
+  const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
+  for (unsigned i = 1;; ++i) {
+    ld_tagged_into(src, v);
+    if (tagged_now(v, round)) return v;
+    if ((i & 31) == 0) {
+      if (*(volatile unsigned long long*)&p.state[4]) return v;
+      if (gtimer() > deadline) {
+        report_error(p, PH_DISPATCH_RECV, peer, round);
+        return v;
+      }
+    }
+  }
+}
+// The first load usually has it: the loop (and its registers) only when it does not.
+template <typename T>
+__device__ __forceinline__ T poll_tagged(const Params& p, const char* src, T v, unsigned long long round, int peer) {
+  return tagged_now(v, round) ? v : poll_tagged_slow<T>(p, src, round, peer);
 }
 
 // Set a flag on rank r to `round`, ordered after this thread's (and its CTA-synchronised
@@ -309,6 +382,13 @@ __device__ __forceinline__ void table_portion_range(const Params& p, int n, int 
   t1 = min(n, t0 + per);
 }
 __device__ __forceinline__ long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
+// The direct table of round-tagged words (p.ll_table; st_tagged): the header {n, has_weights}
+// in one 16-byte store, then per (token, k) {packed id, weight} in one 16-byte store, then
+// count[E], 8 bytes each. Twice the untagged table's bytes (nvshmem_runtime.slot_sizes).
+__host__ __device__ inline long long ll_entry_off(const Params& p, int t, int k) {
+  return 16 + ((long long)t * p.topk + k) * 16;
+}
+__host__ __device__ inline long long ll_count_off(const Params& p) { return 16 + (long long)p.M * p.topk * 16; }
 
 // Write tokens [t0, t1) of the table (plus the header when t0 == 0 and head) at `nd`
 // destinations: the arena at table offset `toff` of every rank (to_peers, nvlink) or the
@@ -366,8 +446,15 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 // The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
 // groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
 __device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
-                                   const float* __restrict__ w, int n, unsigned* msk, int j, int k) {
+                                   const float* __restrict__ w, int n, unsigned* msk, int j, int k,
+                                   unsigned long long round) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
+  const bool ll = p.ll_table != 0;
+  // One (token, k) entry at every rank, round-tagged (ll: the receive polls the words themselves).
+  auto put_tagged = [&](int t, int kk, int v, float wv) {
+    const long long o = toff + ll_entry_off(p, t, kk);
+    for (int r = 0; r < p.W; ++r) st_tagged2(p.peer[r] + o, (unsigned)v, __float_as_uint(wv), round);
+  };
   const int nw = (p.M + 31) / 32;
   // 16-byte vectors only when every thread gets one: each vector's four ids are marked and
   // ranked one after another, so with fewer vectors than threads the scalar path (one id per
@@ -419,6 +506,12 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       int4 a = __ldg(i4 + v);
       a.x = packed(a.x, t), a.y = packed(a.y, t), a.z = packed(a.z, t), a.w = packed(a.w, t);
       const float4 b = w ? __ldg(w4 + v) : float4{};
+      if (ll) {
+        const int k0 = (v % q) * 4;
+        put_tagged(t, k0, a.x, b.x), put_tagged(t, k0 + 1, a.y, b.y);
+        put_tagged(t, k0 + 2, a.z, b.z), put_tagged(t, k0 + 3, a.w, b.w);
+        continue;
+      }
       const long long o = toff + table_token_off(p, t) + (v % q) * 16;
       for (int r = 0; r < p.W; ++r) {
         *reinterpret_cast<int4*>(p.peer[r] + o) = a;
@@ -430,7 +523,8 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       const int t = tid / topk;
       const int v = packed(my_id, t);
       const long long o = toff + table_token_off(p, t) + (tid % topk) * 4;
-      for (int r = 0; r < p.W; ++r) {
+      if (ll) put_tagged(t, tid % topk, v, my_w);
+      else for (int r = 0; r < p.W; ++r) {
         *reinterpret_cast<int*>(p.peer[r] + o) = v;
         if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = my_w;
       }
@@ -441,7 +535,8 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       const int v = packed(ids[i], t);
       const float wv = w ? w[i] : 0.0f;
       const long long o = toff + table_token_off(p, t) + (i % topk) * 4;
-      for (int r = 0; r < p.W; ++r) {
+      if (ll) put_tagged(t, i % topk, v, wv);
+      else for (int r = 0; r < p.W; ++r) {
         *reinterpret_cast<int*>(p.peer[r] + o) = v;
         if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = wv;
       }
@@ -452,10 +547,17 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   for (int e = tid; e < E; e += nt) {
     int cnt = 0;
     for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
-    for (int r = 0; r < p.W; ++r) *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
+    for (int r = 0; r < p.W; ++r) {
+      if (ll) st_tagged(p.peer[r] + toff + ll_count_off(p) + e * 8, (unsigned)cnt, round);
+      else *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
+    }
   }
   if (tid == 0)
     for (int r = 0; r < p.W; ++r) {
+      if (ll) {
+        st_tagged2(p.peer[r] + toff, (unsigned)n, w ? 1u : 0u, round);
+        continue;
+      }
       reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
       reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
     }
@@ -466,15 +568,19 @@ __host__ __device__ inline int table_blocks(const Params& p) { return p.direct ?
 
 template <bool NVL>
 __device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
-                           unsigned* msk) {
+                           unsigned* msk, unsigned long long round) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
   for (int j = blockIdx.x; j < table_blocks(p); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks);  // nvlink only (create_ctx)
+      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round);  // nvlink only (create_ctx)
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
-      __syncthreads();
+      __syncthreads();  // (the next portion's masks, if this block writes another)
+      if (p.direct && p.ll_table) {  // round-tagged words: nothing to announce
+        if (threadIdx.x == 0) stamp_exit(ST_SEND_TABLE);
+        continue;
+      }
       if (threadIdx.x == 0) {
         if (p.entry_release) {  // the release add alone orders the block's table stores (bar.sync before it)
           for (int r = 0; r < p.W; ++r) red_add_release_sys(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
@@ -537,7 +643,7 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
     else raise_flag<false>(p, sig_arrive(p, p.rank), r, round);
   }
   extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
-  if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem);
+  if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem, round);
   if (p.ce_send) {  // the tokens cross by copy engine (launch_ce_send)
     stamp_exit(ST_SEND);
     return;
@@ -607,6 +713,15 @@ __global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, 
       st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
 }
 
+// Inclusive scan of one value per lane.
+__device__ __forceinline__ int warp_incl_scan(int v, int lane) {
+  for (int d = 1; d < 32; d <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+
 // Exclusive scan of totals[0, L) by one warp: lane i takes the run of experts [e0, e1) and gets
 // in `off` the sum of every total before e0; returns the sum of all totals up to e1 (lane 31:
 // the grand total).
@@ -616,11 +731,7 @@ __device__ __forceinline__ int warp_scan_runs(const int* totals, int L, int lane
   e1 = min(L, e0 + per);
   int run = 0;
   for (int e = e0; e < e1; ++e) run += totals[e];
-  int incl = run;
-  for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
+  const int incl = warp_incl_scan(run, lane);
   off = incl - run;
   return incl;
 }
@@ -913,6 +1024,48 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   stamp_exit(ST_COPY);
 }
 
+// Early load (p.early_load, round 25): a warp's piece of an own-group token's row, at most
+// 32 * EARLY_UNROLL vectors, and the last piece's scales (<= 512 B), copied from x into the
+// warp's shared memory (cp.async: no registers held) at the receive's start, while the tables
+// come in; the copy after the scan is then stores only (x is complete before the dispatch
+// starts, like the copy's reads of it).
+constexpr int EARLY_UNROLL = 2;
+constexpr int EARLY_INT4S = 32 * EARLY_UNROLL + 32;  // per warp: the piece, then the scales
+__device__ __forceinline__ void early_piece_range(const Params& p, int piece, int P, int lane, int& c0, int& c1) {
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
+  c0 = piece * per16 + lane;
+  c1 = min(n16, (piece + 1) * per16);
+}
+__device__ __forceinline__ void early_load_piece(const Params& p, const char* __restrict__ src,
+                                                 const char* __restrict__ ssrc, int piece, int P, int lane, int4* sh) {
+  int c0, c1;
+  early_piece_range(p, piece, P, lane, c0, c1);
+  const int4* s = reinterpret_cast<const int4*>(src);
+#pragma unroll
+  for (int u = 0; u < EARLY_UNROLL; ++u)
+    if (c0 + 32 * u < c1) cp_async16(sh + 32 * u + lane, s + c0 + 32 * u);
+  if (p.scale_bytes && piece == P - 1 && lane < (p.scale_bytes >> 4))
+    cp_async16(sh + 32 * EARLY_UNROLL + lane, ssrc + 16 * lane);
+  cp_async_commit();
+}
+// Each lane stores what it copied itself (cp.async.wait_group makes it visible to the lane).
+__device__ __forceinline__ void early_store_piece(const Params& p, char* __restrict__ tokens, float* __restrict__ scales,
+                                                  const int* rows, int nk, int piece, int P, int lane, const int4* sh) {
+  int c0, c1;
+  early_piece_range(p, piece, P, lane, c0, c1);
+  cp_async_wait<0>();
+  for (int j = 0; j < nk; ++j) {
+    int4* d = reinterpret_cast<int4*>(tokens + (long long)rows[j] * p.row_bytes);
+#pragma unroll
+    for (int u = 0; u < EARLY_UNROLL; ++u)
+      if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, sh[32 * u + lane]);
+  }
+  if (p.scale_bytes && piece == P - 1 && lane < (p.scale_bytes >> 4))
+    for (int j = 0; j < nk; ++j)
+      reinterpret_cast<int4*>(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes)[lane] =
+          sh[32 * EARLY_UNROLL + lane];
+}
+
 // Direct receive (round 16; the default where it fits, see create_ctx): one
 // kernel instead of plan + copy, for small nvlink arenas whose senders ship expert ranks and
 // counts with their tables (write_table_direct). Every block waits for the tables and derives
@@ -921,7 +1074,15 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
 // rows + rank), writes the metadata and the combine row map (piece 0), and copies its piece.
 // Block 0 also waits for every rank's arrive flag and publishes what the plan publishes.
 // Saves the plan's masks, count matrix and grid barrier, and the second launch.
-__global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
+// With round-tagged tables (p.ll_table, round 25) there is no table flag: the threads poll the
+// headers and counts themselves, and each warp its item's entries.
+constexpr int LL_BATCH = 2;  // count words polled with their first loads in flight together
+// 72 registers (64 spilled 16-48 B with round 25's paths): one 512-thread block per SM
+// (36,864 registers; the grid has at most one block per SM) still leaves room for the send's
+// SEND_BLOCKS_PER_SM blocks (3 x 128 x 64 = 24,576), so the send is never locked out.
+constexpr int DIRECT_MAX_REGS = 72;
+template <bool LL>
+__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
     Params p, char* __restrict__ tokens, float* __restrict__ scales, float* __restrict__ weights,
     int64_t* __restrict__ tpe, int64_t* __restrict__ offs, int* __restrict__ sg, int* __restrict__ stok,
     int* __restrict__ sk, int weighted, const char* __restrict__ x, const char* __restrict__ xscale, int xrows) {
@@ -929,50 +1090,119 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   extern __shared__ int base[];  // [G + 1][L]: first row of each (group, local expert); [G]: totals
   __shared__ int sh_rows[NWARPS][64];
   __shared__ int sh_n[MAXW];
+  __shared__ int4 sh_early[NWARPS][EARLY_INT4S];
+  __shared__ int sh_wsum[NWARPS];  // par: each warp's sum of totals
   const unsigned long long round = p.state[0] + 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
-  if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  const int total = G * M;
+  const int item = (int)blockIdx.x * NWARPS + warp;
+  const bool has_item = item < total * P;
+  const int piece = item % P;
+  int gg = 0, tt = 0;
+  if (has_item) item_token(p, item / P, gg, tt);
+  const char* tbl = p.sym + p.off_tables;
+  constexpr bool ll = LL;  // one instance per table format: each keeps only its own registers
   const bool pre = p.table_prefetch != 0;
-  if (tid < G) {
+  // The expert offsets by every thread at once (p.par_scan, round 25): thread e holds expert e's
+  // total, so a warp scan, the warps' sums and one barrier give every offset; else warp 0 scans
+  // runs of experts from shared memory while the others wait (and with more experts than threads).
+  const bool par = p.par_scan && L <= (int)blockDim.x;
+  int my_total = 0, wincl = 0;  // par: this thread's expert's total, its inclusive scan in the warp
+  auto warp_part = [&]() {
+    if (!par) return;
+    wincl = warp_incl_scan(my_total, lane);
+    if (lane == 31) sh_wsum[warp] = wincl;
+  };
+  const bool have = p.early_load && has_item && gg == p.group && tt < xrows &&
+                    ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(xscale)) & 15) == 0;
+  if (have)
+    early_load_piece(p, x + (long long)tt * p.row_bytes, xscale + (long long)tt * p.scale_bytes, piece, P, lane,
+                     sh_early[warp]);
+  // ll: this warp's item's entry (lane k), loaded before the polls; its tags are checked after
+  // them (the id and weight halves and one flag are kept, not the whole 16 bytes: registers).
+  unsigned id_pre = 0, w_pre = 0;
+  bool pre_now = false;
+  if (ll && has_item && lane < topk) {
+    const ulonglong2 en = ld_tagged2(tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, lane));
+    id_pre = (unsigned)en.x, w_pre = (unsigned)en.y;
+    pre_now = tagged_now(en, round);
+  }
+  if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  if constexpr (ll) {
+    if (tid < G) {
+      const char* h = tbl + (long long)tid * p.table_bytes;
+      const int n = (int)(unsigned)poll_tagged(p, h, ld_tagged(h), round, tid * p.tp);
+      sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+    }
+    for (int e = tid; e < L; e += blockDim.x) {
+      int acc = 0;
+      for (int g0 = 0; g0 < G; g0 += LL_BATCH) {
+        unsigned long long v[LL_BATCH];
+#pragma unroll
+        for (int u = 0; u < LL_BATCH; ++u)
+          if (g0 + u < G)
+            v[u] = ld_tagged(tbl + (long long)(g0 + u) * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8);
+#pragma unroll
+        for (int u = 0; u < LL_BATCH; ++u)
+          if (g0 + u < G) {
+            const int g = g0 + u;
+            const char* c = tbl + (long long)g * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8;
+            base[g * L + e] = acc;
+            acc += (int)(unsigned)poll_tagged(p, c, v[u], round, g * p.tp);
+          }
+      }
+      base[G * L + e] = acc;
+      if (e == tid) my_total = acc;
+    }
+    warp_part();
+  } else if (tid < G) {
     wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
     if (!pre) {  // the order before round 24, kept for the switch's A/B (one load after the
                  // barrier for both paths made ptxas spill 12 B in this 64-register kernel)
-      const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
+      const int n = *reinterpret_cast<const volatile int*>(tbl + (long long)tid * p.table_bytes);
       sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
     }
   }
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_WAITED);  // the timeline's "waited": every table is in
-  const int total = G * M;
-  const int item = (int)blockIdx.x * NWARPS + warp;
-  int gg = 0, tt = 0;
-  if (item < total * P) item_token(p, item / P, gg, tt);
-  const int* tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)gg * p.table_bytes +
-                                                 table_token_off(p, tt));
+  const int* tids = reinterpret_cast<const int*>(tbl + (long long)gg * p.table_bytes + table_token_off(p, tt));
   // With the switch, the headers, the counts and this warp's item's ids are loaded together,
   // after the one barrier: all were announced with the tables (before, each waited for the
   // one before it). An id past the group's n is loaded but not used.
-  int id_pre = -1;
-  if (pre) {
-    if (tid < G) {
-      const int n = *reinterpret_cast<volatile int*>(p.sym + p.off_tables + (long long)tid * p.table_bytes);
-      sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+  if constexpr (!ll) {
+    if (pre) {
+      if (tid < G) {
+        const int n = *reinterpret_cast<const volatile int*>(tbl + (long long)tid * p.table_bytes);
+        sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+      }
+      if (has_item && lane < topk) id_pre = (unsigned)__ldcg(tids + lane);
     }
-    if (item < total * P && lane < topk) id_pre = __ldcg(tids + lane);
-  }
-  const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
-  for (int e = tid; e < L; e += blockDim.x) {
-    int acc = 0;
-    for (int g = 0; g < G; ++g) {
-      base[g * L + e] = acc;
-      acc += __ldcg(reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + coff) +
-                    p.rank * L + e);
+    const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
+    for (int e = tid; e < L; e += blockDim.x) {
+      int acc = 0;
+      for (int g = 0; g < G; ++g) {
+        base[g * L + e] = acc;
+        acc += __ldcg(reinterpret_cast<const int*>(tbl + (long long)g * p.table_bytes + coff) + p.rank * L + e);
+      }
+      base[G * L + e] = acc;
+      if (e == tid) my_total = acc;
     }
-    base[G * L + e] = acc;
+    warp_part();
+    __syncthreads();
   }
-  __syncthreads();
-  if (warp == 0) {  // exclusive scan of the totals, as in the plan
+  if (par) {
+    const int before = __reduce_add_sync(0xffffffffu, lane < warp ? sh_wsum[lane] : 0);
+    if (tid < L) {
+      const int off = before + wincl - my_total;
+      for (int g = 0; g < G; ++g) base[g * L + tid] += off;
+      if (blockIdx.x == 0) {
+        tpe[tid] = my_total;
+        offs[tid] = off;
+        if (tid == L - 1) publish_round(p, offs, L, off + my_total, round, sh_n);
+      }
+    }
+  } else if (warp == 0) {  // exclusive scan of the totals, as in the plan
     int e0, e1, off;
     const int incl = warp_scan_runs(base + G * L, L, lane, e0, e1, off);
     for (int e = e0; e < e1; ++e) {
@@ -989,19 +1219,32 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_BARRIER);  // the timeline's "barrier": the offsets are scanned
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
-  if (item >= total * P) {
+  if (!has_item) {
     stamp_exit(ST_COPY);
     return;
   }
-  const int piece = item % P;
   const long long uu = (long long)gg * M + tt;
   const bool live = tt < sh_n[gg] && (gg != p.group || tt < xrows);
   int nk = 0;
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;
     int row = -1;
+    float wv = 0.0f;
     if (k < topk && live) {
-      const int v = pre && k0 == 0 ? id_pre : __ldcg(tids + k);  // (rank << 16) | id, or -1
+      int v;  // (rank << 16) | id, or -1
+      if constexpr (ll) {
+        if (k0 == 0 && pre_now) {
+          v = (int)id_pre;
+          wv = __uint_as_float(w_pre);
+        } else {
+          const char* src = tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, k);
+          const ulonglong2 en = poll_tagged(p, src, ld_tagged2(src), round, gg * p.tp);
+          v = (int)(unsigned)en.x;
+          wv = __uint_as_float((unsigned)en.y);
+        }
+      } else {
+        v = pre && k0 == 0 ? (int)id_pre : __ldcg(tids + k);
+      }
       const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
       if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
     }
@@ -1012,7 +1255,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
         sg[row] = gg;
         stok[row] = tt;
         sk[row] = k;
-        if (weighted) weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+        if (weighted) weights[row] = ll ? wv : __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
       }
     }
     const unsigned b = __ballot_sync(0xffffffffu, ok);
@@ -1021,7 +1264,11 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_direct_kernel(
   }
   __syncwarp();
   if (live) stamp_exit(ST_DIRECT_ROWS);
-  copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
+  if (have) {
+    early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
+  } else {
+    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
+  }
   stamp_exit(ST_COPY);
 }
 
@@ -1139,13 +1386,6 @@ constexpr int vec_pieces() { return N * (int)sizeof(T) / 16; }  // 16-byte piece
 template <typename T, int N>
 constexpr int async_warp_int4s() { return ASYNC_STAGES * ROW_BATCH * chunks_per_step<T, N>() * vec_pieces<T, N>() * 32; }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int K>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory"); }
 
 // The sums of sum_rows for every step h = h0 + lane*N + s*32*N*C (s = 0, 1, ... up to h1),
 // handed to emit(h, acc) step by step: the same adds in the same order (row j ascending, from
@@ -1680,6 +1920,19 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->table_prefetch = env_switch("MOE_BACKEND_NVSHMEM_TABLE_PREFETCH", true) ? 1 : 0;
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
+  // Round 25: the direct table in round-tagged words that the receive polls (no announce, no
+  // load after a flag), where the arena has room for it (nvshmem_runtime.row_sizes).
+  p->ll_table = p->direct && p->table_bytes >= ll_count_off(*p) + (long long)p->E * 8 &&
+                env_switch("MOE_BACKEND_NVSHMEM_LL_TABLE", true) ? 1 : 0;
+  // Round 25: the direct receive loads an own token's piece before the tables are in, where a
+  // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
+  {
+    const int n16 = p->row_bytes >> 4, per16 = (n16 + p->copy_pieces - 1) / p->copy_pieces;
+    const bool fits = p->row_bytes % 16 == 0 && per16 <= 32 * EARLY_UNROLL && p->scale_bytes % 16 == 0 &&
+                      p->scale_bytes <= 512;
+    p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
+  }
+  p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -1803,10 +2056,12 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
   if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
-    static const bool carve_direct = max_shared_carveout(dispatch_direct_kernel);
+    static const bool carve_direct =
+        max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>);
     (void)carve_direct;
     const int blocks = (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
-    dispatch_direct_kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
+    auto* kernel = p.ll_table ? dispatch_direct_kernel<true> : dispatch_direct_kernel<false>;
+    kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
         p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
         weighted ? weights.data_ptr<float>() : nullptr, tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(),
         sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(), weighted ? 1 : 0, xp, xsp, (int)x.size(0));

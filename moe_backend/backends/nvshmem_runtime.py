@@ -49,8 +49,10 @@ def row_sizes(spec: CommSpec) -> dict[str, int]:
         "row_bytes": row,
         "scale_bytes": scale,
         "slot_bytes": _up(row) + _up(scale),
-        # + count[E] int32 at the end: the direct receive's per-expert counts (round 16)
-        "table_bytes": _up(16 + spec.max_num_tokens * spec.topk * 8 + spec.num_experts * 4),
+        # Room for the direct receive's round-tagged table (round 25): a 16-byte header, 16 bytes
+        # per (token, k), 8 per expert count; the untagged table (8 per (token, k), 4 per count)
+        # takes the first half.
+        "table_bytes": _up(16 + spec.max_num_tokens * spec.topk * 16 + spec.num_experts * 8),
         "part_bytes": _up(spec.hidden * spec.transfer_dtype.itemsize),
     }
 
@@ -61,7 +63,8 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     W ranks, G groups, M max tokens, per rank:
       signals   8 * (W arrive + G table + G*M token + W barrier + W*M*S partial) flags, S = combine_slices(spec)
       tables    G * table_bytes           (16-byte header, then per token ids[topk] int32, weights[topk] f32,
-                                           then count[E] int32, written by the direct receive's senders)
+                                           then count[E] int32, written by the direct receive's senders;
+                                           or all of it in round-tagged 8-byte words, twice the bytes)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes

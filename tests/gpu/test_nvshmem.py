@@ -148,6 +148,16 @@ def test_contract_suite_without_direct_receive():
     _spawn(_contract_under_env, 7, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
+def test_contract_suite_direct_receive_untagged():
+    """The direct receive reads round-tagged table words by default, loads own rows before the
+    tables are in, and scans the offsets with every thread (round 25). This one runs it with the
+    untagged table and its flag, without the early load, and with warp 0's scan
+    (MOE_BACKEND_NVSHMEM_LL_TABLE=0, EARLY_LOAD=0, PAR_SCAN=0): the same results, rounds and
+    replays."""
+    env = {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")}
+    _spawn(_contract_under_env, 8, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""

@@ -54,10 +54,8 @@ def one_rank_cases(seed: int, count: int = 16) -> list[Case]:
     return cases
 
 
-def _one_rank_worker(seed: int, overlap: str) -> None:
-    os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = overlap  # read when an arena is created
-    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP"] = overlap
-    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_FUSED"] = overlap
+def _one_rank_worker(seed: int, env: dict[str, str]) -> None:
+    os.environ.update(env)  # read when an arena is created
     for transport in ("put", "nvlink"):
         for case in one_rank_cases(seed):
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
@@ -65,12 +63,40 @@ def _one_rank_worker(seed: int, overlap: str) -> None:
                 for _ in range(2):  # a second round on the same arena
                     run_case(comm, case)
             except Exception as err:
-                raise AssertionError(f"[{transport}, overlap={overlap}] {case.describe()}: {err}") from err
+                raise AssertionError(f"[{transport}, {env}] {case.describe()}: {err}") from err
             finally:
                 comm.close()
 
 
-@pytest.mark.parametrize("overlap", ["1", "0"])
-def test_contract_on_one_gpu(overlap: str) -> None:
+def _overlap_env(on: str) -> dict[str, str]:
+    return {f"MOE_BACKEND_NVSHMEM_{k}": on for k in ("OVERLAP", "COMBINE_OVERLAP", "COMBINE_FUSED")}
+
+
+# The small nvlink arenas take the direct receive, by default with the round-tagged table, the
+# early load of own rows and the parallel scan of the offsets (round 25); "untagged" runs it
+# with the table's flag, without the early load and with warp 0's scan, as before.
+VARIANTS = {
+    "overlap": _overlap_env("1"),
+    "no-overlap": _overlap_env("0"),
+    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_contract_on_one_gpu(variant: str) -> None:
     print(f"seed={SEED}")
-    launch.spawn(_one_rank_worker, 1, SEED, overlap, dist_backend="nccl", timeout=300)
+    launch.spawn(_one_rank_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
+
+
+def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
+    os.environ.update(env)  # read when an arena is created
+    _workers.rounds_worker(seed, "nvlink", 8)
+    _workers.graph_worker(seed, "nvlink", 4)
+
+
+@pytest.mark.parametrize("variant", ["overlap", "untagged"])
+def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
+    """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
+    world 1: the round-tagged table must carry each round's tag, replay after replay."""
+    print(f"seed={SEED}")
+    launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
