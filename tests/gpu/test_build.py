@@ -23,6 +23,9 @@ def test_buffer_bytes_without_extension():
     assert buffer_bytes(spec, "nvlink")["staging"] == 0
     lay = layout(spec, "put")
     assert lay["symmetric_total"] >= sum(b[k] for k in ("signals", "tables", "dispatch", "combine", "staging"))
+    # Each group's table has room for the round-tagged direct table (the kernels fall back to the
+    # untagged one otherwise): 16-byte header, 16 bytes per (token, k), 8 per expert count.
+    assert b["tables"] == 2 * (16 + 128 * 8 * 16 + 256 * 8)
 
 
 def test_extension_built_and_registers_ops():
