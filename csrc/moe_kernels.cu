@@ -51,7 +51,6 @@ struct Params {
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
-  int w_async;         // combine send: the weights loaded by cp.async beside the rows, not before them (round 25)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -143,10 +142,6 @@ __device__ __forceinline__ bool tagged_now(unsigned long long v, unsigned long l
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int K>
@@ -1354,9 +1349,7 @@ __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&r
 // acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
 // without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
 // chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
-// W_ASYNC: the weights ws[] are still in flight (cp.async by their lanes, committed): waited
-// for after the first rows' loads are issued, so the two latencies overlap.
-template <typename T, int N, int C, int RB, bool W_ASYNC = false>
+template <typename T, int N, int C, int RB>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
 #pragma unroll
@@ -1370,10 +1363,6 @@ __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, 
 #pragma unroll
       for (int c = 0; c < C; ++c)
         if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
-    if (W_ASYNC && j0 == 0) {
-      cp_async_wait<0>();
-      __syncwarp();  // every lane's weight is in shared memory
-    }
 #pragma unroll
     for (int r = 0; r < RB; ++r)
       if (j0 + r < nk) add_row<T, N, C>(acc, raw[r], ws, j0 + r);
@@ -1546,14 +1535,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       if (row >= 0) {
         int pos = nk + __popc(b & ((1u << lane) - 1));
         sh_rows[warp][pos] = y + (long long)row * H;
-        // w_async: the weight follows by cp.async, waited for once the rows' loads are issued
-        // (sum_rows); the pipelined sums count cp.async groups of their own, so not with ASYNC.
-        if (!ASYNC && w && p.w_async) cp_async4(&sh_w[warp][pos], w + row);
-        else sh_w[warp][pos] = w ? w[row] : 1.0f;
+        sh_w[warp][pos] = w ? w[row] : 1.0f;
       }
       nk += __popc(b);
     }
-    if (!ASYNC && w && p.w_async) cp_async_commit();
     __syncwarp();
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
@@ -1588,8 +1573,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     } else {
       for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
         float acc[C][N];
-        if (w && p.w_async) sum_rows<TY, N, C, ROW_BATCH, true>(sh_rows[warp], sh_w[warp], nk, h, h1, acc);
-        else sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
         emit(h, acc);
       }
     }
@@ -1949,7 +1933,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   }
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
-  p->w_async = env_switch("MOE_BACKEND_NVSHMEM_W_ASYNC", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.

@@ -73,12 +73,12 @@ def _overlap_env(on: str) -> dict[str, str]:
 
 
 # The small nvlink arenas take the direct receive, by default with the round-tagged table, the
-# early load of own rows and the parallel scan of the offsets, and the combine send loads its
-# weights beside its rows (round 25); "untagged" turns all four off, as before round 25.
+# early load of own rows and the parallel scan of the offsets (round 25); "untagged" runs it
+# with the table's flag, without the early load and with warp 0's scan, as before.
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
-    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "W_ASYNC")},
+    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
 }
 
 
