@@ -1933,8 +1933,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const bool ll_on = p->table_bytes >= ll_count_off(*p) + (long long)p->E * 8 &&
                      env_switch("MOE_BACKEND_NVSHMEM_LL_TABLE", true);
   // Round 26: put takes the direct receive too, with the tagged table only (staged and put with
-  // no signal; put_direct_table); MOE_BACKEND_NVSHMEM_PUT_DIRECT=0 keeps the plan and copy there.
-  const bool transport_ok = p->nvl || (ll_on && env_switch("MOE_BACKEND_NVSHMEM_PUT_DIRECT", true));
+  // no signal; put_direct_table). By default only where every peer is reachable by P2P stores
+  // (nvshmem_ptr), whose aligned 8-byte stores land whole. Over IB or EFA a tagged word is
+  // whole only if the NIC's RDMA writes of aligned 8-byte words are (what NCCL's LL protocol
+  // assumes, NVSHMEM does not promise): MOE_BACKEND_NVSHMEM_PUT_DIRECT=1 forces it there
+  // (validate with the contract suite on that fabric), =0 keeps the plan and copy kernels.
+  bool all_p2p = true;
+  for (int r = 0; r < p->W; ++r) all_p2p = all_p2p && p->peer[r] != nullptr;
+  const bool transport_ok = p->nvl || (ll_on && env_switch("MOE_BACKEND_NVSHMEM_PUT_DIRECT", all_p2p, true));
   p->direct = direct_recv_fits(*p, transport_ok) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", true) ? 1 : 0;
   // The direct table written by k send blocks (each builds the masks and writes 1/k of the
   // tokens; MOE_BACKEND_NVSHMEM_DIRECT_TABLE_BLOCKS=k). Round 17, 128 tokens: 1 block 21.9-22.0
