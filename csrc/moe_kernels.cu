@@ -447,13 +447,17 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 // groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
 __device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k,
-                                   unsigned long long round) {
+                                   unsigned long long round, char* stage) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const bool ll = p.ll_table != 0;
-  // One (token, k) entry at every rank, round-tagged (ll: the receive polls the words themselves).
+  // Where the table goes: every rank's arena through p.peer (nvlink), or the staging copy that
+  // put_direct_table then puts (put; round-tagged only).
+  const int nd = stage ? 1 : p.W;
+  auto dst = [&](int r) -> char* { return stage ? stage : p.peer[r] + toff; };
+  // One (token, k) entry, round-tagged (ll: the receive polls the words themselves).
   auto put_tagged = [&](int t, int kk, int v, float wv) {
-    const long long o = toff + ll_entry_off(p, t, kk);
-    for (int r = 0; r < p.W; ++r) st_tagged2(p.peer[r] + o, (unsigned)v, __float_as_uint(wv), round);
+    const long long o = ll_entry_off(p, t, kk);
+    for (int r = 0; r < nd; ++r) st_tagged2(dst(r) + o, (unsigned)v, __float_as_uint(wv), round);
   };
   const int nw = (p.M + 31) / 32;
   // 16-byte vectors only when every thread gets one: each vector's four ids are marked and
@@ -547,20 +551,37 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   for (int e = tid; e < E; e += nt) {
     int cnt = 0;
     for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
-    for (int r = 0; r < p.W; ++r) {
-      if (ll) st_tagged(p.peer[r] + toff + ll_count_off(p) + e * 8, (unsigned)cnt, round);
-      else *reinterpret_cast<int*>(p.peer[r] + toff + coff + e * 4) = cnt;
+    for (int r = 0; r < nd; ++r) {
+      if (ll) st_tagged(dst(r) + ll_count_off(p) + e * 8, (unsigned)cnt, round);
+      else *reinterpret_cast<int*>(dst(r) + coff + e * 4) = cnt;
     }
   }
   if (tid == 0)
-    for (int r = 0; r < p.W; ++r) {
+    for (int r = 0; r < nd; ++r) {
       if (ll) {
-        st_tagged2(p.peer[r] + toff, (unsigned)n, w ? 1u : 0u, round);
+        st_tagged2(dst(r), (unsigned)n, w ? 1u : 0u, round);
         continue;
       }
       reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
       reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
     }
+}
+
+// Put transport, direct receive: block j of k puts what write_table_direct staged for it to
+// every rank: its tokens' entries, and (block 0) the header and each rank's own experts'
+// counts. No signal: the receive polls the tagged words, and it polls every byte put here, so
+// a round's puts have all landed (and read the staging) before the next round can begin.
+__device__ void put_direct_table(const Params& p, long long toff, const char* stage, int n, int j, int k) {
+  const int per = (n + k - 1) / k, t0 = min(n, j * per), t1 = min(n, t0 + per);
+  const long long e0 = ll_entry_off(p, t0, 0), e1 = ll_entry_off(p, t1, 0);
+  for (int r = 0; r < p.W; ++r) {
+    if (e1 > e0) nvshmemx_putmem_nbi_block(p.sym + toff + e0, stage + e0, (size_t)(e1 - e0), p.pe[r]);
+    if (j == 0) {
+      nvshmemx_putmem_nbi_block(p.sym + toff, stage, 16, p.pe[r]);
+      const long long c0 = ll_count_off(p) + (long long)r * p.L * 8;
+      nvshmemx_putmem_nbi_block(p.sym + toff + c0, stage + c0, (size_t)p.L * 8, p.pe[r]);
+    }
+  }
 }
 
 // Send blocks that write a part of the table: the portions, or the direct table's blocks.
@@ -574,7 +595,7 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round);  // nvlink only (create_ctx)
+      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();  // (the next portion's masks, if this block writes another)
       if (p.direct && p.ll_table) {  // round-tagged words: nothing to announce
@@ -592,6 +613,13 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
+      if (p.direct) {  // round-tagged only (create_ctx): staged, then put without a signal
+        write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, stage);
+        __syncthreads();
+        put_direct_table(p, toff, stage, n, j, p.direct_blocks);
+        __syncthreads();  // (the next portion's masks, if this block writes another)
+        continue;
+      }
       write_table_portion(p, false, toff, stage, ids, w, n, t0, t1, j == 0);
       __syncthreads();
       const long long b0 = j == 0 ? 0 : table_token_off(p, t0), b1 = table_token_off(p, t1);
@@ -1859,14 +1887,14 @@ static double dense_fraction(int E, int L, int topk) {
   return 1.0 - none;
 }
 
-// Direct receive (round 16): nvlink; the table fits one portion (written by
+// Direct receive (round 16): nvlink, or put with the round-tagged table (round 26); the table fits one portion (written by
 // direct_blocks send blocks); ranks and ids packed in 16 bits each; the sender's masks and the receiver's bases in
 // shared memory; one warp per item within one block per SM.
 constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
 static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
-static bool direct_recv_fits(const Params& p) {
+static bool direct_recv_fits(const Params& p, bool transport_ok) {
   const long long items = (long long)p.G * p.M * p.copy_pieces;
-  return p.nvl && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
+  return transport_ok && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
          p.E < 65536 && direct_send_smem(p) <= DIRECT_MAX_SMEM && (size_t)(p.G + 1) * p.L * 4 <= DIRECT_MAX_SMEM &&
          (items + NWARPS - 1) / NWARPS <= p.num_sms;
 }
@@ -1900,7 +1928,20 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->copy_pieces = copy_pieces(*p);
   // Direct receive wherever it fits (round 16: decode dispatch 21.3 -> 17.4 us at 1 token,
   // 26.7 -> 24.4 at 128); =0 keeps the plan and copy kernels.
-  p->direct = direct_recv_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", true) ? 1 : 0;
+  // Round 25: the direct table in round-tagged words that the receive polls (no announce, no
+  // load after a flag), where the arena has room for it (nvshmem_runtime.row_sizes).
+  const bool ll_on = p->table_bytes >= ll_count_off(*p) + (long long)p->E * 8 &&
+                     env_switch("MOE_BACKEND_NVSHMEM_LL_TABLE", true);
+  // Round 26: put takes the direct receive too, with the tagged table only (staged and put with
+  // no signal; put_direct_table). By default only where every peer is reachable by P2P stores
+  // (nvshmem_ptr), whose aligned 8-byte stores land whole. Over IB or EFA a tagged word is
+  // whole only if the NIC's RDMA writes of aligned 8-byte words are (what NCCL's LL protocol
+  // assumes, NVSHMEM does not promise): MOE_BACKEND_NVSHMEM_PUT_DIRECT=1 forces it there
+  // (validate with the contract suite on that fabric), =0 keeps the plan and copy kernels.
+  bool all_p2p = true;
+  for (int r = 0; r < p->W; ++r) all_p2p = all_p2p && p->peer[r] != nullptr;
+  const bool transport_ok = p->nvl || (ll_on && env_switch("MOE_BACKEND_NVSHMEM_PUT_DIRECT", all_p2p, true));
+  p->direct = direct_recv_fits(*p, transport_ok) && env_switch("MOE_BACKEND_NVSHMEM_DIRECT_RECV", true) ? 1 : 0;
   // The direct table written by k send blocks (each builds the masks and writes 1/k of the
   // tokens; MOE_BACKEND_NVSHMEM_DIRECT_TABLE_BLOCKS=k). Round 17, 128 tokens: 1 block 21.9-22.0
   // us, 2 blocks 20.9, 4 blocks 21.0; 1 and 32 tokens the same.
@@ -1920,10 +1961,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->table_prefetch = env_switch("MOE_BACKEND_NVSHMEM_TABLE_PREFETCH", true) ? 1 : 0;
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
-  // Round 25: the direct table in round-tagged words that the receive polls (no announce, no
-  // load after a flag), where the arena has room for it (nvshmem_runtime.row_sizes).
-  p->ll_table = p->direct && p->table_bytes >= ll_count_off(*p) + (long long)p->E * 8 &&
-                env_switch("MOE_BACKEND_NVSHMEM_LL_TABLE", true) ? 1 : 0;
+  p->ll_table = p->direct && ll_on ? 1 : 0;
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
   {
@@ -2214,7 +2252,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   if (p.nvl)
     dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   else
-    dispatch_send_kernel<false><<<blocks, SEND_THREADS, 0, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
   CUDA_OK(cudaGetLastError());
   if (send_stream != stream) CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
   // The copy-engine send is enqueued before the receive, never after: streams share hardware

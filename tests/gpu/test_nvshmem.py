@@ -149,13 +149,13 @@ def test_contract_suite_without_direct_receive():
 
 
 def test_contract_suite_direct_receive_untagged():
-    """The direct receive reads round-tagged table words by default, loads own rows before the
-    tables are in, and scans the offsets with every thread (round 25). This one runs it with the
-    untagged table and its flag, without the early load, and with warp 0's scan
-    (MOE_BACKEND_NVSHMEM_LL_TABLE=0, EARLY_LOAD=0, PAR_SCAN=0): the same results, rounds and
-    replays."""
+    """The direct receive reads round-tagged table words by default (put too, round 26), loads
+    own rows before the tables are in, and scans the offsets with every thread (round 25). This
+    one runs nvlink's with the untagged table and its flag, without the early load, and with
+    warp 0's scan, and put's plan and copy kernels (MOE_BACKEND_NVSHMEM_LL_TABLE=0, EARLY_LOAD=0,
+    PAR_SCAN=0): the same results, rounds and replays."""
     env = {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")}
-    _spawn(_contract_under_env, 8, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
+    _spawn(_contract_under_env, 8, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
 def test_latency_floor_probe_runs():

@@ -72,9 +72,10 @@ def _overlap_env(on: str) -> dict[str, str]:
     return {f"MOE_BACKEND_NVSHMEM_{k}": on for k in ("OVERLAP", "COMBINE_OVERLAP", "COMBINE_FUSED")}
 
 
-# The small nvlink arenas take the direct receive, by default with the round-tagged table, the
-# early load of own rows and the parallel scan of the offsets (round 25); "untagged" runs it
-# with the table's flag, without the early load and with warp 0's scan, as before.
+# The small arenas take the direct receive, by default with the round-tagged table (put too,
+# round 26), the early load of own rows and the parallel scan of the offsets (round 25);
+# "untagged" runs nvlink's with the table's flag, without the early load and with warp 0's scan,
+# and put's plan and copy kernels, as before.
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
@@ -90,13 +91,15 @@ def test_contract_on_one_gpu(variant: str) -> None:
 
 def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
     os.environ.update(env)  # read when an arena is created
-    _workers.rounds_worker(seed, "nvlink", 8)
-    _workers.graph_worker(seed, "nvlink", 4)
+    for transport in ("nvlink", "put"):
+        _workers.rounds_worker(seed, transport, 8)
+        _workers.graph_worker(seed, transport, 4)
 
 
 @pytest.mark.parametrize("variant", ["overlap", "untagged"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
-    world 1: the round-tagged table must carry each round's tag, replay after replay."""
+    world 1, on both transports: the round-tagged table (put since round 26: staged and put)
+    must carry each round's tag, replay after replay."""
     print(f"seed={SEED}")
     launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
