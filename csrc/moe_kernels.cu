@@ -1095,8 +1095,8 @@ __device__ __forceinline__ void early_store_piece(const Params& p, char* __restr
 }
 
 // Direct receive (round 16; the default where it fits, see create_ctx): one
-// kernel instead of plan + copy, for small nvlink arenas whose senders ship expert ranks and
-// counts with their tables (write_table_direct). Every block waits for the tables and derives
+// kernel instead of plan + copy, for small nvlink arenas (and put arenas with the tagged table,
+// round 26) whose senders ship expert ranks and counts with their tables (write_table_direct). Every block waits for the tables and derives
 // the expert offsets from the G x L counts (a few hundred ints); then each warp takes one item
 // (a token piece) as in the copy kernel: it places the token's rows (offset + earlier groups'
 // rows + rank), writes the metadata and the combine row map (piece 0), and copies its piece.
