@@ -209,16 +209,16 @@ __device__ void report_error(const Params& p, int phase, int peer, unsigned long
   }
 }
 
-// Bounded poll: true once *flag >= need; false on timeout (recorded with `round`, default
-// need) or an earlier error.
-__device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsigned long long need, int phase,
-                          int peer, unsigned long long round = 0) {
-  if (!round) round = need;
-  if (ld_acquire_sys(flag) >= need) return true;
+// Bounded poll: true once ready() (which loads again each call); false on timeout (recorded
+// as (phase, peer, round)) or after another wait's error.
+template <typename Ready>
+__device__ __forceinline__ bool bounded_poll(const Params& p, Ready ready, int phase, int peer,
+                                             unsigned long long round) {
+  if (ready()) return true;
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
-    if (ld_acquire_sys(flag) >= need) return true;
+    if (ready()) return true;
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;
       if (gtimer() > deadline) {
@@ -227,6 +227,13 @@ __device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsig
       }
     }
   }
+}
+
+// True once *flag >= need; false on timeout (recorded with `round`, default need) or an
+// earlier error.
+__device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsigned long long need, int phase,
+                          int peer, unsigned long long round = 0) {
+  return bounded_poll(p, [&] { return ld_acquire_sys(flag) >= need; }, phase, peer, round ? round : need);
 }
 
 // Bounded poll of a round-tagged word (8 bytes) or pair of words (16 bytes) at src, starting
@@ -238,27 +245,12 @@ __device__ __forceinline__ bool tagged_now(ulonglong2 v, unsigned long long roun
 }
 __device__ __forceinline__ void ld_tagged_into(const char* src, unsigned long long& v) { v = ld_tagged(src); }
 __device__ __forceinline__ void ld_tagged_into(const char* src, ulonglong2& v) { v = ld_tagged2(src); }
-template <typename T>
-__device__ __forceinline__ T poll_tagged_slow(const Params& p, const char* src, unsigned long long round, int peer) {
-  T v;
-  if (*(volatile unsigned long long*)&p.state[4]) return T{};
-  const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
-  for (unsigned i = 1;; ++i) {
-    ld_tagged_into(src, v);
-    if (tagged_now(v, round)) return v;
-    if ((i & 31) == 0) {
-      if (*(volatile unsigned long long*)&p.state[4]) return v;
-      if (gtimer() > deadline) {
-        report_error(p, PH_DISPATCH_RECV, peer, round);
-        return v;
-      }
-    }
-  }
-}
-// The first load usually has it: the loop (and its registers) only when it does not.
+// The first load usually has it: the loop only when it does not.
 template <typename T>
 __device__ __forceinline__ T poll_tagged(const Params& p, const char* src, T v, unsigned long long round, int peer) {
-  return tagged_now(v, round) ? v : poll_tagged_slow<T>(p, src, round, peer);
+  if (!tagged_now(v, round))
+    bounded_poll(p, [&] { ld_tagged_into(src, v); return tagged_now(v, round); }, PH_DISPATCH_RECV, peer, round);
+  return v;
 }
 
 // Set a flag on rank r to `round`, ordered after this thread's (and its CTA-synchronised
@@ -526,11 +518,14 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     if (tid >= t0 * topk && tid < t1 * topk) {
       const int t = tid / topk;
       const int v = packed(my_id, t);
-      const long long o = toff + table_token_off(p, t) + (tid % topk) * 4;
-      if (ll) put_tagged(t, tid % topk, v, my_w);
-      else for (int r = 0; r < p.W; ++r) {
-        *reinterpret_cast<int*>(p.peer[r] + o) = v;
-        if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = my_w;
+      if (ll) {
+        put_tagged(t, tid % topk, v, my_w);
+      } else {
+        const long long o = toff + table_token_off(p, t) + (tid % topk) * 4;
+        for (int r = 0; r < p.W; ++r) {
+          *reinterpret_cast<int*>(p.peer[r] + o) = v;
+          if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = my_w;
+        }
       }
     }
   } else {
@@ -538,9 +533,12 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       const int t = i / topk;
       const int v = packed(ids[i], t);
       const float wv = w ? w[i] : 0.0f;
+      if (ll) {
+        put_tagged(t, i % topk, v, wv);
+        continue;
+      }
       const long long o = toff + table_token_off(p, t) + (i % topk) * 4;
-      if (ll) put_tagged(t, i % topk, v, wv);
-      else for (int r = 0; r < p.W; ++r) {
+      for (int r = 0; r < p.W; ++r) {
         *reinterpret_cast<int*>(p.peer[r] + o) = v;
         if (w) *reinterpret_cast<float*>(p.peer[r] + o + topk * 4) = wv;
       }
@@ -953,6 +951,15 @@ __device__ __forceinline__ void item_token(const Params& p, int i, int& gg, int&
   }
 }
 
+// Lane `lane`'s 16-byte vector of a token's scales (lanes below scale_bytes / 16; scales of
+// <= 512 B, 16-byte aligned) into each of the nk expert rows `rows`.
+__device__ __forceinline__ void store_scale_vec(const Params& p, float* __restrict__ scales, const int* rows, int nk,
+                                                int lane, int4 v) {
+  if (lane < (p.scale_bytes >> 4))
+    for (int j = 0; j < nk; ++j)
+      reinterpret_cast<int4*>(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes)[lane] = v;
+}
+
 // Warp: piece `piece` of P of token (gg, tt)'s row (the own group's from x, another group's
 // from its slot after its flag) into the nk expert rows `rows`; the last piece also copies the
 // scales. Nothing is copied after a timeout.
@@ -995,11 +1002,8 @@ __device__ __forceinline__ void copy_token_piece(const Params& p, char* __restri
     // row. warp_copy per row would load the source again before every row's store (it may alias).
     if (p.scale_bytes <= 512 && ((reinterpret_cast<uintptr_t>(ssrc) | reinterpret_cast<uintptr_t>(scales) |
                                   (uintptr_t)p.scale_bytes) & 15) == 0) {
-      const int n16s = p.scale_bytes >> 4;
-      const int4 v = lane < n16s ? *reinterpret_cast<const int4*>(ssrc + 16 * lane) : int4{};
-      if (lane < n16s)
-        for (int j = 0; j < nk; ++j)
-          reinterpret_cast<int4*>(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes)[lane] = v;
+      const int4 v = lane < (p.scale_bytes >> 4) ? *reinterpret_cast<const int4*>(ssrc + 16 * lane) : int4{};
+      store_scale_vec(p, scales, rows, nk, lane, v);
     } else {
       for (int j = 0; j < nk; ++j)
         warp_copy(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes, ssrc, p.scale_bytes, lane);
@@ -1088,10 +1092,7 @@ __device__ __forceinline__ void early_store_piece(const Params& p, char* __restr
     for (int u = 0; u < EARLY_UNROLL; ++u)
       if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, sh[32 * u + lane]);
   }
-  if (p.scale_bytes && piece == P - 1 && lane < (p.scale_bytes >> 4))
-    for (int j = 0; j < nk; ++j)
-      reinterpret_cast<int4*>(reinterpret_cast<char*>(scales) + (long long)rows[j] * p.scale_bytes)[lane] =
-          sh[32 * EARLY_UNROLL + lane];
+  if (p.scale_bytes && piece == P - 1) store_scale_vec(p, scales, rows, nk, lane, sh[32 * EARLY_UNROLL + lane]);
 }
 
 // Direct receive (round 16; the default where it fits, see create_ctx): one
@@ -1158,6 +1159,10 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
   }
   if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
   if constexpr (ll) {
+    // Group g's tagged count of this rank's local expert e.
+    auto count_word = [&](int g, int e) {
+      return tbl + (long long)g * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8;
+    };
     if (tid < G) {
       const char* h = tbl + (long long)tid * p.table_bytes;
       const int n = (int)(unsigned)poll_tagged(p, h, ld_tagged(h), round, tid * p.tp);
@@ -1169,15 +1174,13 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(
         unsigned long long v[LL_BATCH];
 #pragma unroll
         for (int u = 0; u < LL_BATCH; ++u)
-          if (g0 + u < G)
-            v[u] = ld_tagged(tbl + (long long)(g0 + u) * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8);
+          if (g0 + u < G) v[u] = ld_tagged(count_word(g0 + u, e));
 #pragma unroll
         for (int u = 0; u < LL_BATCH; ++u)
           if (g0 + u < G) {
             const int g = g0 + u;
-            const char* c = tbl + (long long)g * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8;
             base[g * L + e] = acc;
-            acc += (int)(unsigned)poll_tagged(p, c, v[u], round, g * p.tp);
+            acc += (int)(unsigned)poll_tagged(p, count_word(g, e), v[u], round, g * p.tp);
           }
       }
       base[G * L + e] = acc;

@@ -2,7 +2,8 @@
 """What the split ops' stream layout costs on one GPU (diagnostic).
 
 Two spin kernels stand in for a send (A) and a receive (B) that run concurrently. Each layout
-is timed like the ops (CUDA events on the caller's stream around it; median of many):
+is timed like the ops (`moe_backend.bench.time_after_barrier`: a GPU sleep, then CUDA events
+around it; median of many):
   b_only       B alone on the caller's stream (one launch)
   one_stream   A then B on the caller's stream (no concurrency: the floor of two launches)
   recv_side    A on the caller's stream, B on a side stream forked before A and joined after
@@ -14,9 +15,10 @@ Prints each layout's median and what it costs over B alone.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+
+from moe_backend.bench import time_after_barrier
 
 
 def spin_cycles_per_us() -> float:
@@ -33,32 +35,23 @@ def spin_cycles_per_us() -> float:
 
 def time_layout(layout: str, a_cycles: int, b_cycles: int, iters: int) -> float:
     main, side = torch.cuda.current_stream(), torch.cuda.Stream()
-    samples = []
-    for _ in range(iters):
-        torch.cuda._sleep(200_000)  # the host runs ahead: launches do not show in the timing
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(main)
+
+    def body() -> None:
         if layout == "b_only":
             torch.cuda._sleep(b_cycles)
         elif layout == "one_stream":
             torch.cuda._sleep(a_cycles)
             torch.cuda._sleep(b_cycles)
         else:
-            fork = torch.cuda.Event()
-            fork.record(main)
-            side.wait_event(fork)
+            side.wait_stream(main)
             first, second = (main, side) if layout == "recv_side" else (side, main)
             with torch.cuda.stream(first):
                 torch.cuda._sleep(a_cycles)
             with torch.cuda.stream(second):
                 torch.cuda._sleep(b_cycles)
-            join = torch.cuda.Event()
-            join.record(side)
-            main.wait_event(join)
-        end.record(main)
-        samples.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in samples)
+            main.wait_stream(side)
+
+    return time_after_barrier(torch.device("cuda", torch.cuda.current_device()), body, iters, 5)["median"]
 
 
 def main() -> None:
