@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 namespace moe {
@@ -35,7 +36,7 @@ struct Params {
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
-  int comb_async;  // fused combine send: row loads pipelined by cp.async (sum_rows_pipelined)
+  int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
   long long timeout_ns;
   int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
   int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
@@ -146,6 +147,40 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int K>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory"); }
+// Bulk copies (the copy engine of the SM, "TMA") from global into shared memory, their bytes
+// counted by an mbarrier in this block's shared memory: one instruction moves a whole piece.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+               : "memory");
+}
+// Makes the initialisations visible to the bulk copies (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// Arrives once and expects `bytes` more of bulk copies in the barrier's current phase.
+__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Waits until the phase of the given parity has completed (every arrival and every byte in).
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          (unsigned)__cvta_generic_to_shared(dst)),
+      "l"(src), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(bar))
+      : "memory");
+}
 // Programmatic dependent launch: a kernel launched with it may start before the previous
 // kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results
 // (a no-op without it); launch_dependents() lets the next kernel be scheduled early.
@@ -1359,22 +1394,40 @@ __device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
   }
 }
 
-// acc += (w *) row, chunk by chunk, element by element: the one place the contract's add
-// (float32, no FMA) is written; ws = nullptr: unweighted.
-template <typename T, int N, int C>
-__device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&raw)[C], const float* ws, int j) {
-  if (ws) {
-    const float wj = ws[j];
+// The N floats of a vector. bf16 pairs are split by one shift and one mask per pair (the
+// element-wise conversion extracts the high half first: two ALU ops for it instead of one).
+template <typename T, int N>
+__device__ __forceinline__ void unpack(const VecT<T, N>& v, float (&f)[N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+    const unsigned* u = reinterpret_cast<const unsigned*>(&v);
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], __fmul_rn(wj, to_f<T>(raw[c].v[i])));
+    for (int i = 0; i < N / 2; ++i) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
   } else {
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], to_f<T>(raw[c].v[i]));
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(v.v[i]);
   }
+}
+
+// acc += (wj *) row, chunk by chunk, element by element: the one place the contract's add
+// (float32, no FMA) is written.
+template <typename T, int N, int C, bool WEIGHTED>
+__device__ __forceinline__ void add_row_scaled(float (&acc)[C][N], const VecT<T, N> (&raw)[C], float wj) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float f[N];
+    unpack<T, N>(raw[c], f);
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], WEIGHTED ? __fmul_rn(wj, f[i]) : f[i]);
+  }
+}
+// The same with row j's weight from ws; ws = nullptr: unweighted.
+template <typename T, int N, int C>
+__device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&raw)[C], const float* ws, int j) {
+  if (ws) add_row_scaled<T, N, C, true>(acc, raw, ws[j]);
+  else add_row_scaled<T, N, C, false>(acc, raw, 1.0f);
 }
 
 // acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
@@ -1404,6 +1457,9 @@ __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, 
 template <typename T, int N>
 constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
+// How the fused combine send loads its expert rows (Params::comb_loads): into registers
+// (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
@@ -1480,6 +1536,83 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
   cp_async_wait<0>();
 }
 
+// Row sums by bulk copies (the fused combine send's when its kernels have at most half the GPU;
+// MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1 forces): a task (one step of the slice, one batch of
+// ROW_BATCH rows) is one bulk copy per row, issued by the lane of that row's index into a stage
+// of this warp's ring and counted by the stage's mbarrier, BULK_STAGES - 1 tasks ahead of the
+// sum. The lanes then read their vectors at fixed offsets in the stage. The register and
+// cp.async paths spent most of their issue slots on per-lane loads, addresses, bounds and
+// branches: with 24 SMs the prefill combine issued 41M (registers) / 63M (cp.async)
+// instructions for ~9M adds (ncu, world size 1). Same adds in the same order as sum_rows.
+// ring: this warp's bulk_warp_bytes; bars: its BULK_STAGES mbarriers; seq: the tasks this warp
+// has summed so far (its ring's position, carried from item to item).
+constexpr int BULK_STAGES = 3;
+template <typename T, int N>
+constexpr int bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
+template <typename T, int N>
+constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N>(); }
+
+template <typename T, int N, typename Emit>
+__device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                              char* ring, unsigned long long* bars, unsigned& seq, Emit&& emit) {
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
+  const int lane = threadIdx.x & 31;
+  const int nb = (nk + RB - 1) / RB;
+  const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
+  int is = 0, ib = 0, q_issued = 0;  // the next task to issue: step is, row batch ib
+  auto issue = [&]() {
+    if (q_issued >= ntasks) return;
+    const unsigned u = seq + q_issued;
+    const int h = h0 + is * STEP, j0 = ib * RB;
+    const unsigned bytes = (unsigned)(min(STEP, h1 - h) * (int)sizeof(T));
+    const int nr = min(RB, nk - j0);
+    unsigned long long* bar = bars + u % D;
+    if (lane == 0) mbar_arrive_expect(bar, nr * bytes);
+    if (lane < nr) bulk_load(ring + (u % D) * (RB * ROW) + lane * ROW, rows[j0 + lane] + h, bytes, bar);
+    ++q_issued;
+    if (++ib == nb) ib = 0, ++is;
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue();
+  float acc[C][N];
+  int cs = 0, cb = 0;  // the task being summed: step cs, row batch cb
+  for (int q = 0; q < ntasks; ++q) {
+    __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
+    issue();
+    const unsigned u = seq + q;
+    mbar_wait(bars + u % D, (u / D) & 1);
+    const char* st = ring + (u % D) * (RB * ROW);
+    if (cb == 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+    }
+    const int j0 = cb * RB;
+    auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        if (j0 + r < nk) {
+          VecT<T, N> raw[C];
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int pc = 0; pc < P; ++pc)
+              reinterpret_cast<int4*>(&raw[c])[pc] =
+                  *reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+          add_row_scaled<T, N, C, decltype(weighted)::value>(acc, raw, weighted ? ws[j0 + r] : 1.0f);
+        }
+      }
+    };
+    if (ws) sum_stage(std::true_type{});
+    else sum_stage(std::false_type{});
+    if (cb == nb - 1) emit(h0 + lane * N + cs * STEP, acc);
+    if (++cb == nb) cb = 0, ++cs;
+  }
+  seq += ntasks;
+}
+
 // ---------------------------------------------------------------------------------------
 // Combine send: raise the round barrier at every rank, then one warp per source token held
 // here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
@@ -1527,16 +1660,31 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // receive items (counter state[7]), so the receive starts where the send ends, in the same
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC = false>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
 __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
-  extern __shared__ int4 async_smem[];  // ASYNC only: async_warp_int4s<TY, N>() per warp
+  // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. LOADS_BULK: bulk_warp_bytes<TY, N>()
+  // per warp, then BULK_STAGES mbarriers per warp.
+  extern __shared__ int4 async_smem[];
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  char* ring = nullptr;
+  unsigned long long* bars = nullptr;
+  unsigned bulk_seq = 0;
+  if constexpr (LOADS == LOADS_BULK) {
+    char* base = reinterpret_cast<char*>(async_smem);
+    ring = base + warp * bulk_warp_bytes<TY, N>();
+    bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
+    if (lane == 0) {
+      for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (const int r = entering_peer(p); r >= 0) {
     // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
@@ -1598,7 +1746,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         }
       }
     };
-    if constexpr (ASYNC) {
+    if constexpr (LOADS == LOADS_BULK) {
+      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, bars, bulk_seq, emit);
+    } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);
     } else {
@@ -1982,9 +2132,13 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const int dev_sms = (int)num_sms(attr.device);
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
-  // Pipelined (cp.async) row loads in the fused combine send: measured faster with the whole
-  // GPU (prefill 240 -> 230 us), slower with 24 SMs (723 -> 754 us); "0" / "1" force it.
-  p->comb_async = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", 2 * p->num_sms > dev_sms, true);
+  // The fused combine send's row loads (RowLoads): with the whole GPU by cp.async (prefill
+  // 240 -> 230 us), with at most half of it by bulk copies (cp.async there was slower:
+  // 723 -> 754 us with 24 SMs); COMBINE_BULK / COMBINE_ASYNC "0" / "1" force either.
+  const bool few_sms = 2 * p->num_sms <= dev_sms;
+  p->comb_loads = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", few_sms, true)     ? LOADS_BULK
+                  : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", !few_sms, true) ? LOADS_ASYNC
+                                                                                   : LOADS_REGS;
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
@@ -2312,33 +2466,39 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 
 // One combine-send variant: sets its attributes on first use (the pipelined variant's dynamic
 // shared memory) and returns the registers one of its blocks takes.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, bool ASYNC>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
-  constexpr int smem = ASYNC ? NWARPS * async_warp_int4s<TY, N>() * 16 : 0;
+  constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
+                       : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
+                                             : 0;
   static const int regs = [] {
     if (smem)
-      CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>,
+      CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC>, NTHREADS, FUSED);
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, NTHREADS, FUSED);
   }();
-  combine_send_kernel<NVL, TY, TX, N, FUSED, ASYNC><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
+  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
 }
 
-// Launches the combine send (fused with the receive when `rs` is given, with pipelined row
-// loads when p.comb_async and the chunks are 16-byte vectors); returns the registers one of
-// its blocks takes.
+// Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
+// as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
+// blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   const TY* yp = reinterpret_cast<const TY*>(y);
-  if (!rs) return launch_send_variant<NVL, TY, TX, N, false, false>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+  if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
-    if (p.comb_async && reinterpret_cast<uintptr_t>(y) % 16 == 0)
-      return launch_send_variant<NVL, TY, TX, N, true, true>(p, yp, w, typed<TY>(*rs), blocks, s);
+    if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+      if (p.comb_loads == LOADS_BULK)
+        return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK>(p, yp, w, typed<TY>(*rs), blocks, s);
+      if (p.comb_loads == LOADS_ASYNC)
+        return launch_send_variant<NVL, TY, TX, N, true, LOADS_ASYNC>(p, yp, w, typed<TY>(*rs), blocks, s);
+    }
   }
-  return launch_send_variant<NVL, TY, TX, N, true, false>(p, yp, w, typed<TY>(*rs), blocks, s);
+  return launch_send_variant<NVL, TY, TX, N, true, LOADS_REGS>(p, yp, w, typed<TY>(*rs), blocks, s);
 }
 
 template <bool NVL, typename TY, typename TX>

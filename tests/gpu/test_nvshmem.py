@@ -104,8 +104,8 @@ def test_contract_suite_with_few_sms():
     """Kernels sized for 4 SMs (backend option num_sms): the same results; at G*M = 2200 the
     plan's chunks exceed 256 tokens, and the receive still overlaps the send (the grids use
     at most half the GPU), in rounds and CUDA-graph replays too. Those rounds force the fused
-    combine, which with at most half the GPU sums its rows without the cp.async pipeline (the
-    fused test covers the pipelined sums: the default with the whole GPU)."""
+    combine, which with at most half the GPU sums rows that bulk copies brought into shared
+    memory (the fused test covers the cp.async pipeline: the default with the whole GPU)."""
     _spawn(_contract_with_few_sms, 4, max(4, COUNT // 3))
 
 

@@ -54,11 +54,11 @@ def one_rank_cases(seed: int, count: int = 16) -> list[Case]:
     return cases
 
 
-def _one_rank_worker(seed: int, env: dict[str, str]) -> None:
+def _one_rank_worker(seed: int, env: dict[str, str], num_sms: int | None = None) -> None:
     os.environ.update(env)  # read when an arena is created
     for transport in ("put", "nvlink"):
         for case in one_rank_cases(seed):
-            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
+            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, num_sms=num_sms)
             try:
                 for _ in range(2):  # a second round on the same arena
                     run_case(comm, case)
@@ -76,10 +76,13 @@ def _overlap_env(on: str) -> dict[str, str]:
 # round 26), the early load of own rows and the parallel scan of the offsets (round 25);
 # "untagged" runs nvlink's with the table's flag, without the early load and with warp 0's scan,
 # and put's plan and copy kernels, as before.
+# "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
+# brought into shared memory, by default only with at most half the GPU (the few-SM test).
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
+    "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
 }
 
 
@@ -87,6 +90,13 @@ VARIANTS = {
 def test_contract_on_one_gpu(variant: str) -> None:
     print(f"seed={SEED}")
     launch.spawn(_one_rank_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
+
+
+def test_contract_with_few_sms_on_one_gpu() -> None:
+    """Kernels sized for 4 SMs (backend option num_sms), the fused combine forced: its rows come
+    by bulk copies by default there, in cases up to DeepSeek prefill's 4096 tokens."""
+    print(f"seed={SEED}")
+    launch.spawn(_one_rank_worker, 1, SEED, _overlap_env("1"), 4, dist_backend="nccl", timeout=300)
 
 
 def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
