@@ -38,7 +38,8 @@ struct Params {
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
   long long timeout_ns;
-  int comb_slices;  // S: a token's combine partial travels as S slices of H, each with its own flag
+  int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
+                    // until it has about this many work items (call_slices)
   int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
   int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
@@ -76,8 +77,27 @@ __host__ __device__ inline long long sig_arrive(const Params& p, int r) { return
 __host__ __device__ inline long long sig_table(const Params& p, int g) { return p.W + g; }
 __host__ __device__ inline long long sig_token(const Params& p, int g, int t) { return p.W + p.G + (long long)g * p.M + t; }
 __host__ __device__ inline long long sig_barrier(const Params& p, int r) { return p.W + p.G + (long long)p.G * p.M + r; }
-__host__ __device__ inline long long sig_comb(const Params& p, int r, int t, int s) {
-  return 2LL * p.W + p.G + (long long)p.G * p.M + ((long long)r * p.M + t) * p.comb_slices + s;
+// Rank r's partial flags: token t's slice s of S is flag t * S + s. S * (largest token count) never
+// exceeds max(M, comb_items / G) (call_slices), the flags each rank has.
+__host__ __device__ inline long long comb_flags_per_rank(const Params& p) {
+  return p.M > p.comb_items / p.G ? p.M : p.comb_items / p.G;
+}
+__host__ __device__ inline long long sig_comb(const Params& p, int r, int t, int s, int S) {
+  return 2LL * p.W + p.G + (long long)p.G * p.M + (long long)r * comb_flags_per_rank(p) + (long long)t * S + s;
+}
+
+// S, the slices of this call's combine: about comb_items work items (a warp's each), from this
+// round's largest source-token count (state[8], set by the plan; the same on every rank: the
+// largest of the groups' counts every rank receives), at least SLICE_MIN_ELEMS elements a slice.
+// Measured at EP2, DeepSeek decode in a 128-token arena, combine 1 / 32 / 128 tokens: one S for
+// the arena (8) 14.2 / 15.9 / 22.2 us; 14 slices 13.0 / 15.5 / 27.7; 4 slices 17.4 / 19.0 / 21.0.
+constexpr int SLICE_MIN_ELEMS = 512;
+__device__ __forceinline__ int call_slices(const Params& p) {
+  const unsigned long long n = p.state[8];
+  const long long tokens = (long long)p.G * (long long)(n < 1 ? 1 : (n > (unsigned long long)p.M ? p.M : n));
+  const long long by_items = p.comb_items / tokens;
+  const int cap = (p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS;
+  return by_items < 1 ? 1 : (by_items > cap ? cap : (int)by_items);
 }
 
 // Element range [h0, h1) of slice s of a row of H elements cut into S slices of whole steps
@@ -1692,7 +1712,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     else raise_flag<NVL>(p, sig_barrier(p, p.rank), r, round);
   }
 
-  const int S = p.comb_slices;
+  const int S = call_slices(p);
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
   // for each of those empty items (G*M*S of them with a few tokens in a large arena).
@@ -1767,10 +1787,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       if (lane == 0) {
         stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
         for (int q = 0; q < p.tp; ++q)
-          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl)), round);
+          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl, S)), round);
       }
     } else {
-      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl)));
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl, S)));
       for (int q = 0; q < p.tp; ++q) {
         if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
           if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
@@ -1809,7 +1829,7 @@ __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, cons
   const unsigned long long round = combine_round(p);
   int n = ra.nptr ? *ra.nptr : ra.n_host;
   n = n < 0 ? 0 : (n > ra.rows ? ra.rows : n);
-  const int S = p.comb_slices;
+  const int S = call_slices(p);
   const long long items = (long long)ra.rows * S;
   const long long stride = (long long)gridDim.x * nwarps;
   // Grid-stride items with topk <= 32: the next item's ids (one per lane) are loaded before
@@ -1841,7 +1861,7 @@ __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, cons
     // Every slice flag of every holding rank (the sender's slices need not match ours).
     for (int q = lane; q < p.W * S; q += 32) {
       const int r = q / S;
-      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S)), round, PH_COMBINE_RECV, r);
+      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
     }
     for (int r = lane; r < p.W; r += 32)
       if ((mask >> r) & 1)
@@ -2063,7 +2083,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->part_bytes = c[i++]; p->out_code = c[i++]; p->xfer_code = c[i++];
   p->chunk = c[i++]; p->nchunks = c[i++]; p->num_sms = c[i++]; p->nvl = c[i++];
   p->timeout_ns = c[i++];
-  p->comb_slices = c[i++];
+  p->comb_items = c[i++];
+  MOE_CHECK(p->comb_items >= 1, "create_ctx: combine items must be positive, got ", p->comb_items);
   const bool send_stream = c[i++] != 0;
   p->sym = reinterpret_cast<char*>(c[i++]);
   p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];

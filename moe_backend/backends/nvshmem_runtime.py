@@ -61,7 +61,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     """Offsets (`off_*`) and sizes of the symmetric arena regions, and its total size.
 
     W ranks, G groups, M max tokens, per rank:
-      signals   8 * (W arrive + G table + G*M token + W barrier + W*M*S partial) flags, S = combine_slices(spec)
+      signals   8 * (W arrive + G table + G*M token + W barrier + W * combine_flags_per_rank(spec) partial) flags
       tables    G * table_bytes           (16-byte header, then per token ids[topk] int32, weights[topk] f32,
                                            then count[E] int32, written by the direct receive's senders;
                                            or all of it in round-tagged 8-byte words, twice the bytes)
@@ -74,7 +74,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     W, G, M = spec.world_size, spec.num_groups, spec.max_num_tokens
     s = row_sizes(spec)
     sizes = {
-        "signals": 8 * (2 * W + G + G * M + W * M * combine_slices(spec)),
+        "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
         "combine": W * M * s["part_bytes"],
@@ -113,17 +113,27 @@ def buffer_bytes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     }
 
 
-# Combine work items: a token's partial is cut into S slices of H (each a warp's work, with its
-# own flag) when there are few tokens, so that a small batch still spreads over ~2048 warps
-# (one warp per 14 KB row was latency-bound: ~20 us for a single token). S = 1 at prefill sizes.
-_COMBINE_WARPS = 2048
-_SLICE_ELEMS = 512  # at least this many elements per slice
+# Combine work items: each call cuts a token's partial into S slices of H (each a warp's work,
+# with its own flag) until it has about COMBINE_ITEMS items, S from the call's largest token
+# count (the kernels' call_slices), so a small batch still spreads over many warps (one warp
+# per 14 KB row was latency-bound: ~20 us for a single token). S = 1 at prefill sizes.
+# MOE_BACKEND_NVSHMEM_COMBINE_ITEMS overrides it (for A/B runs; every rank must agree).
+_COMBINE_ITEMS = 1024
 
 
-def combine_slices(spec: CommSpec) -> int:
-    """S, the slices per token of the combine (same on every rank: a function of the spec)."""
-    tokens = spec.num_groups * spec.max_num_tokens
-    return max(1, min(-(-spec.hidden // _SLICE_ELEMS), _COMBINE_WARPS // tokens))
+def combine_items() -> int:
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_COMBINE_ITEMS", "")
+    if not raw:
+        return _COMBINE_ITEMS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_COMBINE_ITEMS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def combine_flags_per_rank(spec: CommSpec) -> int:
+    """Partial flags per source rank: S flags for each of a call's tokens, S * tokens <=
+    max(M, COMBINE_ITEMS / G) (the kernels' comb_flags_per_rank)."""
+    return max(spec.max_num_tokens, combine_items() // spec.num_groups)
 
 
 def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
@@ -263,7 +273,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_slices(spec), int(send_stream),
+            int(timeout_s * 1e9), combine_items(), int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],
