@@ -1443,6 +1443,14 @@ __device__ __forceinline__ void add_row_scaled(float (&acc)[C][N], const VecT<T,
     for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], WEIGHTED ? __fmul_rn(wj, f[i]) : f[i]);
   }
 }
+// Every sum starts from 0.0f (the contract's order: 0.0f + (-0.0f) is +0.0f, not the row's -0.0f).
+template <int C, int N>
+__device__ __forceinline__ void zero_sums(float (&acc)[C][N]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+}
 // The same with row j's weight from ws; ws = nullptr: unweighted.
 template <typename T, int N, int C>
 __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&raw)[C], const float* ws, int j) {
@@ -1456,10 +1464,7 @@ __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&r
 template <typename T, int N, int C, int RB>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+  zero_sums(acc);
   for (int j0 = 0; j0 < nk; j0 += RB) {
     VecT<T, N> raw[RB][C];
 #pragma unroll
@@ -1485,11 +1490,20 @@ enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
 // ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a warp keeps ~3x the bytes of
 // sum_rows in flight without the registers. Prefill combine 240 -> 230 us; with 24 SMs slower
-// (723 -> 754 us; probably each byte's extra trip through shared memory, once the SMs rather than
-// the latency are the limit).
+// (723 -> 754 us): there the SMs' issue slots are the limit, and each lane's cp.async and its
+// address cost more of them than the loads saved (ncu: 63M against 41M instructions, round 27).
 constexpr int ASYNC_STAGES = 3;
 template <typename T, int N>
 constexpr int vec_pieces() { return N * (int)sizeof(T) / 16; }  // 16-byte pieces of one chunk
+// A lane's C chunks of one row from a shared-memory stage; at(c, pc): where the stage holds
+// 16-byte piece pc of chunk c (the cp.async and bulk rings lay their rows out differently).
+template <typename T, int N, int C, typename At>
+__device__ __forceinline__ void read_staged(VecT<T, N> (&raw)[C], At&& at) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int pc = 0; pc < vec_pieces<T, N>(); ++pc) reinterpret_cast<int4*>(&raw[c])[pc] = *at(c, pc);
+}
 template <typename T, int N>
 constexpr int async_warp_int4s() { return ASYNC_STAGES * ROW_BATCH * chunks_per_step<T, N>() * vec_pieces<T, N>() * 32; }
 
@@ -1533,21 +1547,13 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
     issue(q + D - 1);
     cp_async_wait<D - 1>();  // task q's group has landed
     const int s = q / nb, b = q % nb, j0 = b * RB;
-    if (b == 0) {
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
-    }
+    if (b == 0) zero_sums(acc);
     const int4* st = buf + (q % D) * STAGE;
 #pragma unroll
     for (int r = 0; r < RB; ++r) {
       if (j0 + r < nk) {
         VecT<T, N> raw[C];
-#pragma unroll
-        for (int c = 0; c < C; ++c)
-#pragma unroll
-          for (int pc = 0; pc < P; ++pc) reinterpret_cast<int4*>(&raw[c])[pc] = st[((r * C + c) * P + pc) * 32 + lane];
+        read_staged<T, N, C>(raw, [&](int c, int pc) { return &st[((r * C + c) * P + pc) * 32 + lane]; });
         add_row<T, N, C>(acc, raw, ws, j0 + r);
       }
     }
@@ -1603,24 +1609,16 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
     const unsigned u = seq + q;
     mbar_wait(bars + u % D, (u / D) & 1);
     const char* st = ring + (u % D) * (RB * ROW);
-    if (cb == 0) {
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
-    }
+    if (cb == 0) zero_sums(acc);
     const int j0 = cb * RB;
     auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
 #pragma unroll
       for (int r = 0; r < RB; ++r) {
         if (j0 + r < nk) {
           VecT<T, N> raw[C];
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-#pragma unroll
-            for (int pc = 0; pc < P; ++pc)
-              reinterpret_cast<int4*>(&raw[c])[pc] =
-                  *reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+          read_staged<T, N, C>(raw, [&](int c, int pc) {
+            return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+          });
           add_row_scaled<T, N, C, decltype(weighted)::value>(acc, raw, weighted ? ws[j0 + r] : 1.0f);
         }
       }
