@@ -22,7 +22,9 @@ import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["csrc/moe_kernels.cu"]
+SOURCES = ["csrc/moe_kernels.cu"]  # one translation unit; the kernels are in the headers it includes
+HEADERS = sorted(os.path.relpath(h, os.path.dirname(HERE)) for h in glob.glob(os.path.join(HERE, "*.cuh")))
+HEADERS += ["csrc/host_checks.h"]
 
 
 def _skip(reason: str):
@@ -94,6 +96,7 @@ def extensions():
     ext = cpp_extension.CUDAExtension(
         name="moe_backend._C",
         sources=SOURCES,
+        depends=HEADERS,
         include_dirs=[inc, cccl],
         library_dirs=[lib],
         extra_compile_args={

@@ -1,4 +1,4 @@
-"""The `nvshmem` backend: four split kernels (csrc/moe_kernels.cu) over NVSHMEM.
+"""The `nvshmem` backend: four split kernels (csrc/*_kernels.cuh, launched from csrc/moe_kernels.cu) over NVSHMEM.
 
 Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symmetric
 memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,

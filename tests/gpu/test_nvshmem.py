@@ -204,7 +204,7 @@ def _sm_ceilings():
         assert bool((stored[:, 2] == 1).all() and (stored[:, 3] == 2).all()), (mode, stored[:4])
         assert bool((rest == -1).all()), (mode, rest)
     # A bad argument raises, with the number in the message (this crashed the process before
-    # the numbers were formatted by msg() in csrc/moe_kernels.cu).
+    # the numbers were formatted by msg() in csrc/host_checks.h).
     with pytest.raises(RuntimeError, match=r"mode must be 0 \(stores\), 1 \(loads\) or 2 \(bulk stores\), got 3"):
         o.rate_probe(dst.data_ptr(), 0, 64, 3, 1, device.index)
     with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):

@@ -1,0 +1,571 @@
+// combine_kernels.cuh: the combine kernels: the row sums (registers, cp.async, bulk copies), the send (fused
+// with the receive or not) and the receive.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "device_common.cuh"
+
+namespace moe {
+
+// ---------------------------------------------------------------------------------------
+// dtype helpers
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <typename T, int N>
+struct alignas(16) VecT {
+  T v[N];
+};
+template <typename T, int N>
+__device__ __forceinline__ void load_n(const T* ptr, float* f) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+    VecT<T, N> tmp;
+    constexpr int NB = N * sizeof(T) / 16;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reinterpret_cast<int4*>(&tmp)[b] = reinterpret_cast<const int4*>(ptr)[b];
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(tmp.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(ptr[i]);
+  }
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_n(T* ptr, const float* f) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+    VecT<T, N> tmp;
+#pragma unroll
+    for (int i = 0; i < N; ++i) tmp.v[i] = from_f<T>(f[i]);
+    constexpr int NB = N * sizeof(T) / 16;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) reinterpret_cast<int4*>(ptr)[b] = reinterpret_cast<const int4*>(&tmp)[b];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) ptr[i] = from_f<T>(f[i]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void load_raw(const T* ptr, VecT<T, N>& v) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b)
+      reinterpret_cast<int4*>(&v)[b] = reinterpret_cast<const int4*>(ptr)[b];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v.v[i] = ptr[i];
+  }
+}
+
+// The N floats of a vector. bf16 pairs are split by one shift and one mask per pair (the
+// element-wise conversion extracts the high half first: two ALU ops for it instead of one).
+template <typename T, int N>
+__device__ __forceinline__ void unpack(const VecT<T, N>& v, float (&f)[N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+    const unsigned* u = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f<T>(v.v[i]);
+  }
+}
+
+// acc += (wj *) row, chunk by chunk, element by element: the one place the contract's add
+// (float32, no FMA) is written.
+template <typename T, int N, int C, bool WEIGHTED>
+__device__ __forceinline__ void add_row_scaled(float (&acc)[C][N], const VecT<T, N> (&raw)[C], float wj) {
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    float f[N];
+    unpack<T, N>(raw[c], f);
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], WEIGHTED ? __fmul_rn(wj, f[i]) : f[i]);
+  }
+}
+// Every sum starts from 0.0f (the contract's order: 0.0f + (-0.0f) is +0.0f, not the row's -0.0f).
+template <int C, int N>
+__device__ __forceinline__ void zero_sums(float (&acc)[C][N]) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[c][i] = 0.0f;
+}
+// The same with row j's weight from ws; ws = nullptr: unweighted.
+template <typename T, int N, int C>
+__device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&raw)[C], const float* ws, int j) {
+  if (ws) add_row_scaled<T, N, C, true>(acc, raw, ws[j]);
+  else add_row_scaled<T, N, C, false>(acc, raw, 1.0f);
+}
+
+// acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
+// without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
+// chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
+template <typename T, int N, int C, int RB>
+__device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
+                                         float (&acc)[C][N]) {
+  zero_sums(acc);
+  for (int j0 = 0; j0 < nk; j0 += RB) {
+    VecT<T, N> raw[RB][C];
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+      if (j0 + r < nk) add_row<T, N, C>(acc, raw[r], ws, j0 + r);
+  }
+}
+
+// Chunks per lane per step: two 16-byte vectors when a chunk is one vector (or scalar).
+template <typename T, int N>
+constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
+constexpr int ROW_BATCH = 4;
+// How the fused combine send loads its expert rows (Params::comb_loads): into registers
+// (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
+
+// Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
+// MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
+// ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a warp keeps ~3x the bytes of
+// sum_rows in flight without the registers. Prefill combine 240 -> 230 us; with 24 SMs slower
+// (723 -> 754 us): there the SMs' issue slots are the limit, and each lane's cp.async and its
+// address cost more of them than the loads saved (ncu: 63M against 41M instructions, round 27).
+constexpr int ASYNC_STAGES = 3;
+template <typename T, int N>
+constexpr int vec_pieces() { return N * (int)sizeof(T) / 16; }  // 16-byte pieces of one chunk
+// A lane's C chunks of one row from a shared-memory stage; at(c, pc): where the stage holds
+// 16-byte piece pc of chunk c (the cp.async and bulk rings lay their rows out differently).
+template <typename T, int N, int C, typename At>
+__device__ __forceinline__ void read_staged(VecT<T, N> (&raw)[C], At&& at) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int pc = 0; pc < vec_pieces<T, N>(); ++pc) reinterpret_cast<int4*>(&raw[c])[pc] = *at(c, pc);
+}
+template <typename T, int N>
+constexpr int async_warp_int4s() { return ASYNC_STAGES * ROW_BATCH * chunks_per_step<T, N>() * vec_pieces<T, N>() * 32; }
+
+
+// The sums of sum_rows for every step h = h0 + lane*N + s*32*N*C (s = 0, 1, ... up to h1),
+// handed to emit(h, acc) step by step: the same adds in the same order (row j ascending, from
+// 0.0f, no FMA). Each lane reads back only the pieces it loaded itself, so no warp sync is
+// needed; a lane's chunks at or past h1 are neither loaded nor to be emitted. buf: this warp's
+// async_warp_int4s<T, N>() int4 of shared memory. Needs 16-byte aligned rows (N*sizeof(T) % 16 == 0).
+template <typename T, int N, typename Emit>
+__device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                                   int4* buf, Emit&& emit) {
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = ASYNC_STAGES;
+  constexpr int STAGE = RB * C * P * 32;
+  const int lane = threadIdx.x & 31;
+  const int nb = (nk + RB - 1) / RB;
+  const int hl = h0 + lane * N;
+  const int steps = h1 > h0 ? (h1 - h0 + 32 * N * C - 1) / (32 * N * C) : 0;  // empty slice: none
+  const int ntasks = steps * nb;
+  auto issue = [&](int q) {
+    if (q < ntasks) {
+      const int s = q / nb, j0 = (q % nb) * RB;
+      const int h = hl + s * 32 * N * C;
+      int4* st = buf + (q % D) * STAGE;
+#pragma unroll
+      for (int r = 0; r < RB; ++r)
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+          if (j0 + r < nk && h + c * 32 * N < h1)
+#pragma unroll
+            for (int pc = 0; pc < P; ++pc)
+              cp_async16(st + ((r * C + c) * P + pc) * 32 + lane,
+                         reinterpret_cast<const int4*>(rows[j0 + r] + h + c * 32 * N) + pc);
+    }
+    cp_async_commit();  // empty groups too: the wait count below stays uniform
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue(q);
+  float acc[C][N];
+  for (int q = 0; q < ntasks; ++q) {
+    issue(q + D - 1);
+    cp_async_wait<D - 1>();  // task q's group has landed
+    const int s = q / nb, b = q % nb, j0 = b * RB;
+    if (b == 0) zero_sums(acc);
+    const int4* st = buf + (q % D) * STAGE;
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      if (j0 + r < nk) {
+        VecT<T, N> raw[C];
+        read_staged<T, N, C>(raw, [&](int c, int pc) { return &st[((r * C + c) * P + pc) * 32 + lane]; });
+        add_row<T, N, C>(acc, raw, ws, j0 + r);
+      }
+    }
+    if (b == nb - 1) emit(hl + s * 32 * N * C, acc);
+  }
+  cp_async_wait<0>();
+}
+
+// Row sums by bulk copies (the fused combine send's when its kernels have at most half the GPU;
+// MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1 forces): a task (one step of the slice, one batch of
+// ROW_BATCH rows) is one bulk copy per row, issued by the lane of that row's index into a stage
+// of this warp's ring and counted by the stage's mbarrier, BULK_STAGES - 1 tasks ahead of the
+// sum. The lanes then read their vectors at fixed offsets in the stage. The register and
+// cp.async paths spent most of their issue slots on per-lane loads, addresses, bounds and
+// branches: with 24 SMs the prefill combine issued 41M (registers) / 63M (cp.async)
+// instructions for ~9M adds (ncu, world size 1). Same adds in the same order as sum_rows.
+// ring: this warp's bulk_warp_bytes; bars: its BULK_STAGES mbarriers; seq: the tasks this warp
+// has summed so far (its ring's position, carried from item to item).
+constexpr int BULK_STAGES = 3;
+template <typename T, int N>
+constexpr int bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
+template <typename T, int N>
+constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N>(); }
+
+template <typename T, int N, typename Emit>
+__device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                              char* ring, unsigned long long* bars, unsigned& seq, Emit&& emit) {
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
+  const int lane = threadIdx.x & 31;
+  const int nb = (nk + RB - 1) / RB;
+  const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
+  int is = 0, ib = 0, q_issued = 0;  // the next task to issue: step is, row batch ib
+  auto issue = [&]() {
+    if (q_issued >= ntasks) return;
+    const unsigned u = seq + q_issued;
+    const int h = h0 + is * STEP, j0 = ib * RB;
+    const unsigned bytes = (unsigned)(min(STEP, h1 - h) * (int)sizeof(T));
+    const int nr = min(RB, nk - j0);
+    unsigned long long* bar = bars + u % D;
+    if (lane == 0) mbar_arrive_expect(bar, nr * bytes);
+    if (lane < nr) bulk_load(ring + (u % D) * (RB * ROW) + lane * ROW, rows[j0 + lane] + h, bytes, bar);
+    ++q_issued;
+    if (++ib == nb) ib = 0, ++is;
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue();
+  float acc[C][N];
+  int cs = 0, cb = 0;  // the task being summed: step cs, row batch cb
+  for (int q = 0; q < ntasks; ++q) {
+    __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
+    issue();
+    const unsigned u = seq + q;
+    mbar_wait(bars + u % D, (u / D) & 1);
+    const char* st = ring + (u % D) * (RB * ROW);
+    if (cb == 0) zero_sums(acc);
+    const int j0 = cb * RB;
+    auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        if (j0 + r < nk) {
+          VecT<T, N> raw[C];
+          read_staged<T, N, C>(raw, [&](int c, int pc) {
+            return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+          });
+          add_row_scaled<T, N, C, decltype(weighted)::value>(acc, raw, weighted ? ws[j0 + r] : 1.0f);
+        }
+      }
+    };
+    if (ws) sum_stage(std::true_type{});
+    else sum_stage(std::false_type{});
+    if (cb == nb - 1) emit(h0 + lane * N + cs * STEP, acc);
+    if (++cb == nb) cb = 0, ++cs;
+  }
+  seq += ntasks;
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine send: raise the round barrier at every rank, then one warp per source token held
+// here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
+// the partial once to every replica of the source group, slot [my rank][t], flag = round.
+// Tokens are visited in (t, g) order so local and remote destinations interleave and the
+// link is busy for the whole kernel.
+// <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
+// must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
+// per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
+// 240 vs 208 us, docs/KERNELS.md.)
+// The next work item of a warp: from a counter (dynamic; every item claimed is in progress,
+// so no warp ever waits for an item a not-yet-resident block holds) or grid-stride.
+template <bool COUNTER>
+__device__ __forceinline__ long long next_item(unsigned long long* counter, long long cur, long long stride,
+                                               int lane) {
+  if constexpr (COUNTER) {
+    unsigned long long v = 0;
+    if (lane == 0) v = atomicAdd(counter, 1ULL);
+    return (long long)__shfl_sync(0xffffffffu, v, 0);
+  } else {
+    return cur + stride;
+  }
+}
+
+// What a combine receive needs (the fused send kernel's receive half; unused otherwise).
+// The host passes RecvArgs<void> around and types it at the launch.
+template <typename TO>
+struct RecvArgs {
+  const int* ids;
+  const int* nptr;
+  int n_host, rows;
+  TO* out;
+};
+template <typename TO>
+RecvArgs<TO> typed(const RecvArgs<void>& a) {
+  return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
+}
+
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
+__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
+__device__ void combine_finish(const Params& p, unsigned long long round);
+
+// FUSED (the default for arenas of more than 4096 source tokens, see create_ctx): the send
+// items are taken from a counter (state[2]); a warp that finds none left goes on to the
+// receive items (counter state[7]), so the receive starts where the send ends, in the same
+// blocks, without a second launch; launched on the side stream like the overlapped receive,
+// so the caller's stream never waits in it.
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+                                                    const float* __restrict__ w, RecvArgs<TY> ra) {
+  stamp_entry(ST_CSEND);
+  constexpr int C = chunks_per_step<TY, N>();
+  // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. LOADS_BULK: bulk_warp_bytes<TY, N>()
+  // per warp, then BULK_STAGES mbarriers per warp.
+  extern __shared__ int4 async_smem[];
+  __shared__ const TY* sh_rows[NWARPS][64];
+  __shared__ float sh_w[NWARPS][64];
+  const unsigned long long round = combine_round(p);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  char* ring = nullptr;
+  unsigned long long* bars = nullptr;
+  unsigned bulk_seq = 0;
+  if constexpr (LOADS == LOADS_BULK) {
+    char* base = reinterpret_cast<char*>(async_smem);
+    ring = base + warp * bulk_warp_bytes<TY, N>();
+    bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
+    if (lane == 0) {
+      for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  const int topk = p.topk, H = p.H, M = p.M, G = p.G;
+  if (const int r = entering_peer(p); r >= 0) {
+    // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
+    if (NVL && p.entry_release) st_release_sys(sigp(p, p.peer[r], sig_barrier(p, p.rank)), round);
+    else raise_flag<NVL>(p, sig_barrier(p, p.rank), r, round);
+  }
+
+  const int S = call_slices(p);
+  // Items (t, g, slice) only up to this round's largest source-token count (published by the
+  // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
+  // for each of those empty items (G*M*S of them with a few tokens in a large arena).
+  const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
+  const long long total = (long long)G * nvisit * S;
+  const long long stride = (long long)gridDim.x * NWARPS;
+  stamp_exit(ST_CSEND_LOOP);
+  for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+       i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
+    const int sl = (int)(i % S);
+    const int t = (int)(i / S / G), g = (int)(i / S % G);
+    const long long u = (long long)g * M + t;
+    const int* rm = p.rowmap + u * topk;
+    int nk = 0;
+    for (int k0 = 0; k0 < topk; k0 += 32) {
+      int k = k0 + lane;
+      int row = k < topk ? rm[k] : -1;
+      unsigned b = __ballot_sync(0xffffffffu, row >= 0);
+      if (row >= 0) {
+        int pos = nk + __popc(b & ((1u << lane) - 1));
+        sh_rows[warp][pos] = y + (long long)row * H;
+        sh_w[warp][pos] = w ? w[row] : 1.0f;
+      }
+      nk += __popc(b);
+    }
+    __syncwarp();
+    if (nk == 0) continue;
+    stamp_exit(ST_CSEND_ROWS);
+    const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
+    TX* stage = nullptr;
+    if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
+    // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
+    // own arena, a local store on any transport; only the other replicas' copies are staged and
+    // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
+    const int self_q = !NVL && g == p.group ? p.replica : -1;  // this rank among group g's replicas
+    const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
+    int h0, h1;
+    slice_range(H, S, sl, 32 * N * C, h0, h1);
+    // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
+    auto emit = [&](int h, float (&acc)[C][N]) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const int hh = h + c * 32 * N;
+        if (hh < h1) {
+          if constexpr (NVL) {
+            for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
+          } else {
+            if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
+            if (staged) store_n<TX, N>(stage + hh, acc[c]);
+          }
+        }
+      }
+    };
+    if constexpr (LOADS == LOADS_BULK) {
+      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, bars, bulk_seq, emit);
+    } else if constexpr (LOADS == LOADS_ASYNC) {
+      sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
+                                async_smem + warp * async_warp_int4s<TY, N>(), emit);
+    } else {
+      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+        float acc[C][N];
+        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+        emit(h, acc);
+      }
+    }
+    __syncwarp();
+    stamp_exit(ST_CSEND_SUMMED);
+    if constexpr (NVL) {
+      // The release store alone orders the warp's partial stores before the flag (cumulative
+      // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
+      // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
+      if (lane == 0) {
+        stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
+        for (int q = 0; q < p.tp; ++q)
+          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl, S)), round);
+      }
+    } else {
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl, S)));
+      for (int q = 0; q < p.tp; ++q) {
+        if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
+          if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
+        } else if (h1 > h0)
+          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
+                                          (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
+                                          p.pe[g * p.tp + q]);
+        else if (lane == 0)
+          nvshmemx_signal_op(sig, round, NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
+      }
+    }
+    __syncwarp();
+  }
+  stamp_exit(ST_CSEND_ITEMS);
+  if constexpr (FUSED) {
+    __shared__ const TX* sh_src[NWARPS][MAXW];
+    // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
+    // the send's register budget holds.
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
+    if (blockIdx.x == 0 && threadIdx.x < p.W)
+      wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
+    combine_finish(p, round);
+  }
+  stamp_exit(ST_CSEND);
+}
+
+// ---------------------------------------------------------------------------------------
+// Receive items of a combine: one warp per own token (and slice) sums the partials of the
+// ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
+// dtype; zeros for rows past n and tokens with no expert.
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
+__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps) {
+  constexpr int C = chunks_per_step<TX, N>();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
+  const unsigned long long round = combine_round(p);
+  int n = ra.nptr ? *ra.nptr : ra.n_host;
+  n = n < 0 ? 0 : (n > ra.rows ? ra.rows : n);
+  const int S = call_slices(p);
+  const long long items = (long long)ra.rows * S;
+  const long long stride = (long long)gridDim.x * nwarps;
+  // Grid-stride items with topk <= 32: the next item's ids (one per lane) are loaded before
+  // this item's flags are waited for. An item was three dependent loads (ids, flags,
+  // partials), and a warp of the receive beside the send takes several items.
+  const bool prefetch = !COUNTER && p.recv_prefetch && topk <= 32;
+  auto item_id = [&](long long j) -> int {
+    const int tj = (int)(j / S);
+    return j < items && tj < n && lane < topk ? ra.ids[(long long)tj * topk + lane] : -1;
+  };
+  long long i = COUNTER ? next_item<true>(&p.state[7], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+  int id_next = prefetch ? item_id(i) : -1;
+  for (; i < items; i = next_item<COUNTER>(&p.state[7], i, stride, lane)) {
+    const int t = (int)(i / S), sl = (int)(i % S);
+    unsigned long long mask = 0;
+    if (prefetch) {
+      const int id = id_next;
+      id_next = item_id(i + stride);  // in flight while this item waits and sums
+      if (id >= 0 && id < E) mask = 1ULL << (id / L);
+    } else if (t < n) {
+      for (int k = lane; k < topk; k += 32) {
+        int id = ra.ids[(long long)t * topk + k];
+        if (id >= 0 && id < E) mask |= 1ULL << (id / L);
+      }
+    }
+    unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
+    unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
+    mask = ((unsigned long long)hi << 32) | lo;
+    // Every slice flag of every holding rank (the sender's slices need not match ours).
+    for (int q = lane; q < p.W * S; q += 32) {
+      const int r = q / S;
+      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
+    }
+    for (int r = lane; r < p.W; r += 32)
+      if ((mask >> r) & 1)
+        sh_src[__popcll(mask & ((1ULL << r) - 1))] =
+            reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes);
+    __syncwarp();
+    const int nr = __popcll(mask);
+    int h0, h1;
+    slice_range(H, S, sl, 32 * N * C, h0, h1);
+    for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+      float acc[C][N];
+      sum_rows<TX, N, C, RB>(sh_src, nullptr, nr, h, h1, acc);
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
+    }
+    __syncwarp();
+  }
+}
+
+// The last block to finish a combine receive advances the round counter. With the switch
+// (p.finish_block0), block 0 sets it without counting: only the next round's dispatch kernels
+// read it, and they start after this kernel has ended (stream order, or the join of the side
+// stream it runs on), so every block's barrier, fence and counter atomic at its end go.
+__device__ void combine_finish(const Params& p, unsigned long long round) {
+  if (p.finish_block0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) p.state[0] = round;
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&p.state[3], 1ULL) == (unsigned long long)(gridDim.x - 1)) {
+      p.state[3] = 0;
+      p.state[0] = round;
+      __threadfence();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Combine receive: wait for every rank's barrier flag; one warp per own token sums the
+// partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
+// the output dtype; zeros elsewhere. Then the round counter advances (combine_finish).
+template <typename TX, typename TO, int N>
+__global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+  stamp_entry(ST_CRECV);
+  __shared__ const TX* sh_src[NWARPS][MAXW];
+  const unsigned long long round = combine_round(p);
+  if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);
+  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  combine_finish(p, round);
+  stamp_exit(ST_CRECV);
+}
+
+}  // namespace moe

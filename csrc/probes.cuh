@@ -1,0 +1,159 @@
+// probes.cuh: benchmark-only kernels and their host calls: the latency floor of a flag exchange, the
+// SM-count memory-rate probes, and the timeline stamps' switch.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "device_common.cuh"
+#include "host_checks.h"
+
+namespace moe {
+
+// Latency floor of a GPU-initiated exchange (benchmark only, moe_backend/latency_floor.py):
+// each rank stores `round` into its slot at every peer (NVLink store, release) and waits for
+// every peer's store (acquire): in one launch, or a store launch then a wait launch on the
+// same stream, the fewest any split dispatch can have. A wait past timeout_ns sets err[0].
+struct PingPeers {
+  unsigned long long* p[MAXW];
+};
+__global__ void ping_kernel(unsigned long long* flags, PingPeers peers, int W, int rank, unsigned long long round,
+                            bool store, bool wait, long long timeout_ns, int* err) {
+  const int r = threadIdx.x;
+  if (r >= W || r == rank) return;
+  if (store) st_release_sys(peers.p[r] + rank, round);
+  if (wait) {
+    const unsigned long long t0 = gtimer();
+    while (ld_acquire_sys(flags + r) < round) {
+      if ((long long)(gtimer() - t0) > timeout_ns) {
+        atomicExch(err, 1);
+        return;
+      }
+    }
+  }
+}
+
+void ping(at::Tensor err, int64_t flags, std::vector<int64_t> peers, int64_t rank, int64_t round, int64_t launches,
+          int64_t timeout_ns) {
+  MOE_CHECK(!peers.empty() && peers.size() <= (size_t)MAXW, "ping: 1..", MAXW, " peers, got ", peers.size());
+  MOE_CHECK(launches == 1 || launches == 2, "ping: launches must be 1 or 2, got ", launches);
+  MOE_CHECK(err.is_cuda() && err.scalar_type() == at::kInt && err.numel() >= 1,
+            "ping: err must be a CUDA int32 tensor");
+  c10::cuda::CUDAGuard guard(err.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  PingPeers pp{};
+  for (size_t r = 0; r < peers.size(); ++r) {
+    MOE_CHECK(peers[r] != 0, "ping: rank ", r, " is not reachable through nvshmem_ptr (NVLink/P2P)");
+    pp.p[r] = reinterpret_cast<unsigned long long*>(peers[r]);
+  }
+  auto* f = reinterpret_cast<unsigned long long*>(flags);
+  const int W = (int)peers.size();
+  int* e = err.data_ptr<int>();
+  const auto rd = (unsigned long long)round;
+  if (launches == 1) {
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, true, true, timeout_ns, e);
+  } else {
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, true, false, timeout_ns, e);
+    ping_kernel<<<1, MAXW, 0, s>>>(f, pp, W, (int)rank, rd, false, true, timeout_ns, e);
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
+
+// SM-driven memory rates (benchmark only, moe_backend/sm_ceilings.py): `blocks` blocks of
+// 1024 threads, at most one per SM, stream n16 16-byte words. Mode 0 stores to dst (this
+// GPU's memory, or a peer's over NVLink), mode 1 loads from src and leaves one word per block
+// in dst (so the loads are kept). PROBE_UNROLL words in flight per thread.
+constexpr int PROBE_THREADS = 1024, PROBE_UNROLL = 8;
+__global__ void __launch_bounds__(PROBE_THREADS, 1) rate_probe_kernel(int4* dst, const int4* __restrict__ src,
+                                                                    long long n16, int mode) {
+  const long long step = (long long)PROBE_THREADS * PROBE_UNROLL;
+  const long long stride = (long long)gridDim.x * step;
+  if (mode == 0) {
+    const int4 v = make_int4((int)blockIdx.x, (int)threadIdx.x, 1, 2);
+    for (long long i = blockIdx.x * step + threadIdx.x; i < n16; i += stride)
+#pragma unroll
+      for (int u = 0; u < PROBE_UNROLL; ++u)
+        if (i + u * PROBE_THREADS < n16) dst[i + u * PROBE_THREADS] = v;
+    return;
+  }
+  int acc = 0;
+  for (long long i = blockIdx.x * step + threadIdx.x; i < n16; i += stride) {
+    int4 v[PROBE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u)
+      v[u] = i + u * PROBE_THREADS < n16 ? __ldcg(src + i + u * PROBE_THREADS) : make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < PROBE_UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  acc = __reduce_xor_sync(0xffffffffu, acc);
+  if ((threadIdx.x & 31) == 0) atomicXor(reinterpret_cast<int*>(dst + blockIdx.x), acc);
+}
+
+// Mode 2 of the probe: the same stores by bulk copies (TMA) from shared memory, lane 0 of every
+// warp issuing PROBE_BULK-byte copies of one shared buffer, at most PROBE_BULK_AHEAD unfinished
+// reads of it: do bulk stores write faster than SM stores when few SMs are given (the 24-SM
+// dispatch writes ~470 MB of expert rows)? The buffer holds mode 0's pattern (words 2, 3 = 1, 2).
+constexpr int PROBE_BULK = 16384, PROBE_BULK_AHEAD = 4;
+__global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char* dst, long long nbytes) {
+  __shared__ alignas(128) int4 buf[PROBE_BULK / 16];
+  for (int i = threadIdx.x; i < PROBE_BULK / 16; i += blockDim.x) buf[i] = make_int4((int)blockIdx.x, i, 1, 2);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic-proxy writes, seen by the bulk copies
+  __syncthreads();
+  if ((threadIdx.x & 31) != 0) return;
+  const unsigned sa = (unsigned)__cvta_generic_to_shared(buf);
+  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c * PROBE_BULK < nbytes; c += nwarps) {
+    const long long off = c * PROBE_BULK;
+    const unsigned size = (unsigned)(nbytes - off < PROBE_BULK ? nbytes - off : PROBE_BULK);
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off), "r"(sa), "r"(size)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PROBE_BULK_AHEAD) : "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
+}
+
+void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
+  MOE_CHECK(mode >= 0 && mode <= 2, "rate_probe: mode must be 0 (stores), 1 (loads) or 2 (bulk stores), got ", mode);
+  MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
+  MOE_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
+            blocks);
+  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode != 1 || (src != 0 && src % 16 == 0)),
+            "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
+  c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
+  if (mode == 2)
+    bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<char*>(dst), nbytes);
+  else
+    rate_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+        reinterpret_cast<int4*>(dst), reinterpret_cast<const int4*>(src), nbytes / 16, (int)mode);
+  CUDA_OK(cudaGetLastError());
+}
+
+// Timeline stamps (diagnostic): mode 1 resets them and turns them on, 0 turns them off; both
+// return the stamps as they were (int64 [3 * NSTAMP], ns of %globaltimer: first entry, last
+// entry, last exit per stamp; a first entry no block reached reads -1, the others 0).
+// Synchronises the device.
+at::Tensor timeline_stamps(int64_t mode) {
+  MOE_CHECK(mode == 0 || mode == 1, "timeline_stamps: mode must be 0 or 1, got ", mode);
+  MOE_CHECK(STAMPS_BUILT || mode == 0,
+            "timeline_stamps: this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1 "
+            "(rm moe_backend/_C*.so; MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace)");
+  unsigned long long host[3 * NSTAMP];
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaMemcpyFromSymbol(host, g_stamps, sizeof(host)));
+  at::Tensor out = at::empty({3 * NSTAMP}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(out.data_ptr<int64_t>(), host, sizeof(host));
+  if (mode == 1)
+    for (int k = 0; k < NSTAMP; ++k) {
+      host[3 * k] = ~0ULL;
+      host[3 * k + 1] = host[3 * k + 2] = 0;
+    }
+  const int on = (int)mode;
+  if (mode == 1) CUDA_OK(cudaMemcpyToSymbol(g_stamps, host, sizeof(host)));
+  CUDA_OK(cudaMemcpyToSymbol(g_stamps_on, &on, sizeof(on)));
+  CUDA_OK(cudaDeviceSynchronize());
+  return out;
+}
+
+}  // namespace moe
