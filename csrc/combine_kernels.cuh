@@ -27,20 +27,6 @@ struct alignas(16) VecT {
   T v[N];
 };
 template <typename T, int N>
-__device__ __forceinline__ void load_n(const T* ptr, float* f) {
-  if constexpr (N * sizeof(T) % 16 == 0) {
-    VecT<T, N> tmp;
-    constexpr int NB = N * sizeof(T) / 16;
-#pragma unroll
-    for (int b = 0; b < NB; ++b) reinterpret_cast<int4*>(&tmp)[b] = reinterpret_cast<const int4*>(ptr)[b];
-#pragma unroll
-    for (int i = 0; i < N; ++i) f[i] = to_f<T>(tmp.v[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) f[i] = to_f<T>(ptr[i]);
-  }
-}
-template <typename T, int N>
 __device__ __forceinline__ void store_n(T* ptr, const float* f) {
   if constexpr (N * sizeof(T) % 16 == 0) {
     VecT<T, N> tmp;

@@ -173,6 +173,8 @@ __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsi
                : "memory");
 }
 // Waits until the phase of the given parity has completed (every arrival and every byte in).
+// Not bounded by timeout_ns like the waits for peers: it waits for this SM's own bulk copies
+// from this GPU's memory, which always complete.
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
   unsigned done = 0;

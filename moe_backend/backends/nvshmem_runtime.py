@@ -122,6 +122,7 @@ _COMBINE_ITEMS = 1024
 
 
 def combine_items() -> int:
+    """The combine's target work items per call (MOE_BACKEND_NVSHMEM_COMBINE_ITEMS, default 1024)."""
     raw = os.environ.get("MOE_BACKEND_NVSHMEM_COMBINE_ITEMS", "")
     if not raw:
         return _COMBINE_ITEMS
