@@ -72,14 +72,16 @@ __device__ __forceinline__ void unpack(const VecT<T, N>& v, float (&f)[N]) {
 
 // acc += (wj *) row, chunk by chunk, element by element: the one place the contract's add
 // (float32, no FMA) is written.
-template <typename T, int N, int C, bool WEIGHTED>
+// FIRST: the sum's first row, added to 0.0f in place of acc (no zeroing of acc before it).
+template <typename T, int N, int C, bool WEIGHTED, bool FIRST = false>
 __device__ __forceinline__ void add_row_scaled(float (&acc)[C][N], const VecT<T, N> (&raw)[C], float wj) {
 #pragma unroll
   for (int c = 0; c < C; ++c) {
     float f[N];
     unpack<T, N>(raw[c], f);
 #pragma unroll
-    for (int i = 0; i < N; ++i) acc[c][i] = __fadd_rn(acc[c][i], WEIGHTED ? __fmul_rn(wj, f[i]) : f[i]);
+    for (int i = 0; i < N; ++i)
+      acc[c][i] = __fadd_rn(FIRST ? 0.0f : acc[c][i], WEIGHTED ? __fmul_rn(wj, f[i]) : f[i]);
   }
 }
 // Every sum starts from 0.0f (the contract's order: 0.0f + (-0.0f) is +0.0f, not the row's -0.0f).
@@ -123,7 +125,8 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
+// LOADS_UNITS: by bulk copies, ROW_BATCH (step, row) units a task (sum_rows_units).
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_UNITS = 3 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
@@ -270,6 +273,81 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
   seq += ntasks;
 }
 
+// A warp's ring of bulk stages (sum_rows_units), carried from item to item: between items
+// every task issued has been summed, so one slot serves both cursors there.
+struct BulkRing {
+  const char* stages;  // BULK_STAGES stages of ROW_BATCH rows of bulk_row_bytes
+  unsigned stages_sa;  // the same, as a shared-memory address (smem_addr)
+  unsigned bars_sa;    // one mbarrier per stage (8 bytes each), shared-memory address
+  int slot;            // the stage the next task is issued to and summed from
+  unsigned parity;     // bit d: the phase parity stage d completes next
+};
+__device__ __forceinline__ int next_slot(int d) { return d + 1 == BULK_STAGES ? 0 : d + 1; }
+
+// Row sums by bulk copies over units: the item's (step, row) pairs in step-major order, row
+// fastest, ROW_BATCH units a task whatever the row count (sum_rows_bulk's tasks held one
+// step's rows only, so at EP2, ~4 rows an item, 36% of its tasks held one to three rows).
+// Lanes 0..ROW_BATCH-1 find their units in parallel; the stage and parity come from the
+// ring's registers (no division by the ring's size); a step's first row is added to 0.0f in
+// place of zeroing the sums. Same adds in the same order as sum_rows: row j ascending
+// from 0.0f, no FMA, emit(h, acc) after each step's last row. WEIGHTED: ws holds the weights.
+template <typename T, int N, bool WEIGHTED, typename Emit>
+__device__ __forceinline__ void sum_rows_units(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                               BulkRing& ring, Emit&& emit) {
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
+  const int lane = threadIdx.x & 31;
+  const int steps = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP : 0;  // empty slice: none
+  const int nu = steps * nk;
+  const int ntasks = (nu + RB - 1) / RB;
+  const unsigned last_bytes = steps ? (unsigned)((h1 - h0 - (steps - 1) * STEP) * (int)sizeof(T)) : 0u;
+  int iv = 0, is = 0, ij = 0, islot = ring.slot;  // the next task to issue: unit iv = (step is, row ij)
+  auto issue = [&]() {
+    if (iv >= nu) return;
+    // Lane r < RB takes unit iv + r: its step s and row j, its bytes (only the last step may be short).
+    int j = ij + (lane & (RB - 1)), s = is;
+    while (j >= nk) j -= nk, ++s;
+    const bool mine = lane < RB && iv + lane < nu;
+    const unsigned bytes = mine ? (s == steps - 1 ? last_bytes : (unsigned)ROW) : 0u;
+    const unsigned total = __reduce_add_sync(0xffffffffu, bytes);
+    const unsigned bar = ring.bars_sa + islot * 8;
+    if (lane == 0) mbar_arrive_expect(bar, total);
+    if (mine) bulk_load(ring.stages_sa + (islot * RB + lane) * ROW, rows[j] + h0 + s * STEP, bytes, bar);
+    iv += RB;
+    for (ij += RB; ij >= nk; ij -= nk) ++is;
+    islot = next_slot(islot);
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue();
+  float acc[C][N];
+  int cs = 0, cj = 0;  // the unit being summed: step cs, row cj
+  for (int q = 0; q < ntasks; ++q) {
+    __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
+    issue();
+    const int slot = ring.slot;
+    mbar_wait(ring.bars_sa + slot * 8, (ring.parity >> slot) & 1u);
+    ring.parity ^= 1u << slot;
+    ring.slot = next_slot(slot);
+    const char* st = ring.stages + slot * (RB * ROW);
+    // Not unrolled: each unit may end a step, and four copies of the emit's stores made the
+    // loop too long for the instruction cache (52.7M against 49.9M instructions, no faster).
+#pragma unroll 1
+    for (int r = 0; r < RB; ++r) {
+      if (q * RB + r < nu) {
+        VecT<T, N> raw[C];
+        read_staged<T, N, C>(raw, [&](int c, int pc) {
+          return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+        });
+        const float wj = WEIGHTED ? ws[cj] : 1.0f;
+        if (cj == 0) add_row_scaled<T, N, C, WEIGHTED, true>(acc, raw, wj);
+        else add_row_scaled<T, N, C, WEIGHTED>(acc, raw, wj);
+        if (cj == nk - 1) emit(h0 + lane * N + cs * STEP, acc);
+        if (++cj == nk) cj = 0, ++cs;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Combine send: raise the round barrier at every rank, then one warp per source token held
 // here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
@@ -309,7 +387,8 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
 }
 
 template <typename TX, typename TO, int N, int RB, bool COUNTER>
-__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps);
+__device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
+                                                   BulkRing& ring, bool bulk);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
 // FUSED (the default for arenas of more than 4096 source tokens, see create_ctx): the send
@@ -332,7 +411,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   char* ring = nullptr;
   unsigned long long* bars = nullptr;
   unsigned bulk_seq = 0;
-  if constexpr (LOADS == LOADS_BULK) {
+  if constexpr (LOADS == LOADS_BULK || LOADS == LOADS_UNITS) {
     char* base = reinterpret_cast<char*>(async_smem);
     ring = base + warp * bulk_warp_bytes<TY, N>();
     bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
@@ -342,6 +421,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
   }
+  BulkRing units{ring, smem_addr(ring), smem_addr(bars), 0, 0u};
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (const int r = entering_peer(p); r >= 0) {
     // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
@@ -389,13 +469,18 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
+    // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
+    // each replica's address per chunk); the others, when tp > 1, in a loop.
+    TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
     auto emit = [&](int h, float (&acc)[C][N]) {
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
           if constexpr (NVL) {
-            for (int q = 0; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
+            store_n<TX, N>(dst0 + hh, acc[c]);
+#pragma unroll 1
+            for (int q = 1; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
           } else {
             if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
             if (staged) store_n<TX, N>(stage + hh, acc[c]);
@@ -403,7 +488,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         }
       }
     };
-    if constexpr (LOADS == LOADS_BULK) {
+    if constexpr (LOADS == LOADS_UNITS) {
+      if (w) sum_rows_units<TY, N, true>(sh_rows[warp], sh_w[warp], nk, h0, h1, units, emit);
+      else sum_rows_units<TY, N, false>(sh_rows[warp], nullptr, nk, h0, h1, units, emit);
+    } else if constexpr (LOADS == LOADS_BULK) {
       sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, bars, bulk_seq, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
@@ -446,7 +534,16 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
     // the send's register budget holds.
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS);
+    // With bulk units, the receive items' partials come by bulk copies too (p.bulk_recv) when
+    // both dtypes' steps are one ring row.
+    constexpr bool can_bulk =
+        (LOADS == LOADS_UNITS || LOADS == LOADS_BULK) && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
+    if constexpr (LOADS == LOADS_BULK) {  // the ring's state after sum_rows_bulk's bulk_seq tasks
+      units.slot = (int)(bulk_seq % BULK_STAGES);
+      for (int d = 0; d < BULK_STAGES; ++d)
+        units.parity |= (((bulk_seq + BULK_STAGES - 1 - d) / BULK_STAGES) & 1u) << d;
+    }
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, units, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -458,8 +555,11 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 // Receive items of a combine: one warp per own token (and slice) sums the partials of the
 // ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
 // dtype; zeros for rows past n and tokens with no expert.
+// bulk: the partials of items with at least one come by bulk copies through this warp's ring
+// (sum_rows_units); otherwise by registers (sum_rows).
 template <typename TX, typename TO, int N, int RB, bool COUNTER>
-__device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps) {
+__device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
+                                                   BulkRing& ring, bool bulk) {
   constexpr int C = chunks_per_step<TX, N>();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int topk = p.topk, H = p.H, M = p.M, E = p.E, L = p.L;
@@ -508,12 +608,20 @@ __device__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, cons
     const int nr = __popcll(mask);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-      float acc[C][N];
-      sum_rows<TX, N, C, RB>(sh_src, nullptr, nr, h, h1, acc);
+    auto store_out = [&](int h, float (&acc)[C][N]) {
 #pragma unroll
       for (int c = 0; c < C; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
+    };
+    if (bulk && nr > 0) {
+      fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
+      sum_rows_units<TX, N, false>(sh_src, nullptr, nr, h0, h1, ring, store_out);
+    } else {
+      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+        float acc[C][N];
+        sum_rows<TX, N, C, RB>(sh_src, nullptr, nr, h, h1, acc);
+        store_out(h, acc);
+      }
     }
     __syncwarp();
   }
@@ -549,7 +657,8 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
   if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);
-  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5);
+  BulkRing none{};
+  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none, false);
   combine_finish(p, round);
   stamp_exit(ST_CRECV);
 }

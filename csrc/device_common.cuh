@@ -27,6 +27,7 @@ struct Params {
   int chunk, nchunks, num_sms;
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
+  int bulk_recv;   // with LOADS_UNITS: the fused receive half's partials by bulk copies too
   long long timeout_ns;
   int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
                     // until it has about this many work items (call_slices)
@@ -165,33 +166,41 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 }
 // Makes the initialisations visible to the bulk copies (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-// Arrives once and expects `bytes` more of bulk copies in the barrier's current phase.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Arrives once and expects `bytes` more of bulk copies in the barrier's current phase. The
+// barrier by its shared-memory address (smem_addr), which a caller can keep in a register.
+__device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar)),
-               "r"(bytes)
-               : "memory");
+  mbar_arrive_expect(smem_addr(bar), bytes);
 }
 // Waits until the phase of the given parity has completed (every arrival and every byte in).
 // Not bounded by timeout_ns like the waits for peers: it waits for this SM's own bulk copies
 // from this GPU's memory, which always complete.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done = 0;
   while (!done)
     asm volatile(
         "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
         : "=r"(done)
-        : "r"(a), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
 }
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) { mbar_wait(smem_addr(bar), parity); }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          (unsigned)__cvta_generic_to_shared(dst)),
-      "l"(src), "r"(bytes), "r"((unsigned)__cvta_generic_to_shared(bar))
-      : "memory");
+  bulk_load(smem_addr(dst), src, bytes, smem_addr(bar));
+}
+// Orders this thread's view of global memory (what an acquire made visible) before its later
+// bulk copies (the async proxy) read it.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 // Programmatic dependent launch: a kernel launched with it may start before the previous
 // kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results
