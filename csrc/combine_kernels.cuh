@@ -125,8 +125,7 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-// LOADS_UNITS: by bulk copies, ROW_BATCH (step, row) units a task (sum_rows_units).
-enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_UNITS = 3 };
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
@@ -273,7 +272,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
   seq += ntasks;
 }
 
-// A warp's ring of bulk stages (sum_rows_units), carried from item to item: between items
+// A warp's ring of bulk stages as sum_units_bulk keeps it, from item to item: between items
 // every task issued has been summed, so one slot serves both cursors there.
 struct BulkRing {
   const char* stages;  // BULK_STAGES stages of ROW_BATCH rows of bulk_row_bytes
@@ -284,16 +283,18 @@ struct BulkRing {
 };
 __device__ __forceinline__ int next_slot(int d) { return d + 1 == BULK_STAGES ? 0 : d + 1; }
 
-// Row sums by bulk copies over units: the item's (step, row) pairs in step-major order, row
-// fastest, ROW_BATCH units a task whatever the row count (sum_rows_bulk's tasks held one
-// step's rows only, so at EP2, ~4 rows an item, 36% of its tasks held one to three rows).
-// Lanes 0..ROW_BATCH-1 find their units in parallel; the stage and parity come from the
-// ring's registers (no division by the ring's size); a step's first row is added to 0.0f in
-// place of zeroing the sums. Same adds in the same order as sum_rows: row j ascending
-// from 0.0f, no FMA, emit(h, acc) after each step's last row. WEIGHTED: ws holds the weights.
-template <typename T, int N, bool WEIGHTED, typename Emit>
-__device__ __forceinline__ void sum_rows_units(const T* const* rows, const float* ws, int nk, int h0, int h1,
-                                               BulkRing& ring, Emit&& emit) {
+// Unweighted sums of a few rows by bulk copies over units (the fused combine's receive half:
+// a token's partials, one per holding rank): the item's (step, row) pairs in step-major
+// order, row fastest, ROW_BATCH units a task whatever the row count, so one or two partials
+// still fill a stage (a task of sum_rows_bulk holds one step's rows). Lanes 0..ROW_BATCH-1
+// find their units in parallel; stage and parity come from the ring's registers; a step's
+// first row is added to 0.0f in place of zeroing the sums. Same adds in the same order as
+// sum_rows: row j ascending from 0.0f, emit(h, acc) after each step's last row. (As the send's
+// loads, with weights, these tasks were slower than sum_rows_bulk's: 24-SM prefill combine
+// 457 -> 476-520 us at world size 1, round 28.)
+template <typename T, int N, typename Emit>
+__device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int h0, int h1, BulkRing& ring,
+                                               Emit&& emit) {
   constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
@@ -329,8 +330,7 @@ __device__ __forceinline__ void sum_rows_units(const T* const* rows, const float
     ring.parity ^= 1u << slot;
     ring.slot = next_slot(slot);
     const char* st = ring.stages + slot * (RB * ROW);
-    // Not unrolled: each unit may end a step, and four copies of the emit's stores made the
-    // loop too long for the instruction cache (52.7M against 49.9M instructions, no faster).
+    // Not unrolled: each unit may end a step (four copies of the emit's stores).
 #pragma unroll 1
     for (int r = 0; r < RB; ++r) {
       if (q * RB + r < nu) {
@@ -338,9 +338,8 @@ __device__ __forceinline__ void sum_rows_units(const T* const* rows, const float
         read_staged<T, N, C>(raw, [&](int c, int pc) {
           return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
         });
-        const float wj = WEIGHTED ? ws[cj] : 1.0f;
-        if (cj == 0) add_row_scaled<T, N, C, WEIGHTED, true>(acc, raw, wj);
-        else add_row_scaled<T, N, C, WEIGHTED>(acc, raw, wj);
+        if (cj == 0) add_row_scaled<T, N, C, false, true>(acc, raw, 1.0f);
+        else add_row_scaled<T, N, C, false>(acc, raw, 1.0f);
         if (cj == nk - 1) emit(h0 + lane * N + cs * STEP, acc);
         if (++cj == nk) cj = 0, ++cs;
       }
@@ -411,7 +410,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   char* ring = nullptr;
   unsigned long long* bars = nullptr;
   unsigned bulk_seq = 0;
-  if constexpr (LOADS == LOADS_BULK || LOADS == LOADS_UNITS) {
+  if constexpr (LOADS == LOADS_BULK) {
     char* base = reinterpret_cast<char*>(async_smem);
     ring = base + warp * bulk_warp_bytes<TY, N>();
     bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
@@ -421,7 +420,6 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     }
     __syncwarp();
   }
-  BulkRing units{ring, smem_addr(ring), smem_addr(bars), 0, 0u};
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (const int r = entering_peer(p); r >= 0) {
     // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
@@ -488,10 +486,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
         }
       }
     };
-    if constexpr (LOADS == LOADS_UNITS) {
-      if (w) sum_rows_units<TY, N, true>(sh_rows[warp], sh_w[warp], nk, h0, h1, units, emit);
-      else sum_rows_units<TY, N, false>(sh_rows[warp], nullptr, nk, h0, h1, units, emit);
-    } else if constexpr (LOADS == LOADS_BULK) {
+    if constexpr (LOADS == LOADS_BULK) {
       sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, bars, bulk_seq, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
@@ -534,16 +529,18 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
     // the send's register budget holds.
-    // With bulk units, the receive items' partials come by bulk copies too (p.bulk_recv) when
-    // both dtypes' steps are one ring row.
-    constexpr bool can_bulk =
-        (LOADS == LOADS_UNITS || LOADS == LOADS_BULK) && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    if constexpr (LOADS == LOADS_BULK) {  // the ring's state after sum_rows_bulk's bulk_seq tasks
-      units.slot = (int)(bulk_seq % BULK_STAGES);
+    // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
+    // through the same ring, when both dtypes' steps are one ring row.
+    constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
+    BulkRing recv_ring{ring, 0u, 0u, 0, 0u};
+    if constexpr (can_bulk) {  // the ring as sum_rows_bulk's bulk_seq tasks left it
+      recv_ring.stages_sa = smem_addr(ring);
+      recv_ring.bars_sa = smem_addr(bars);
+      recv_ring.slot = (int)(bulk_seq % BULK_STAGES);
       for (int d = 0; d < BULK_STAGES; ++d)
-        units.parity |= (((bulk_seq + BULK_STAGES - 1 - d) / BULK_STAGES) & 1u) << d;
+        recv_ring.parity |= (((bulk_seq + BULK_STAGES - 1 - d) / BULK_STAGES) & 1u) << d;
     }
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, units, can_bulk && p.bulk_recv);
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, recv_ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -556,7 +553,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
 // ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
 // dtype; zeros for rows past n and tokens with no expert.
 // bulk: the partials of items with at least one come by bulk copies through this warp's ring
-// (sum_rows_units); otherwise by registers (sum_rows).
+// (sum_units_bulk); otherwise by registers (sum_rows).
 template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk) {
@@ -615,7 +612,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     };
     if (bulk && nr > 0) {
       fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
-      sum_rows_units<TX, N, false>(sh_src, nullptr, nr, h0, h1, ring, store_out);
+      sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
     } else {
       for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
         float acc[C][N];

@@ -247,10 +247,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // 240 -> 230 us), with at most half of it by bulk copies (cp.async there was slower:
   // 723 -> 754 us with 24 SMs); COMBINE_BULK / COMBINE_ASYNC "0" / "1" force either.
   const bool few_sms = 2 * p->num_sms <= dev_sms;
-  const bool bulk = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", few_sms, true);
-  p->comb_loads = bulk ? (env_switch("MOE_BACKEND_NVSHMEM_COMBINE_UNITS", true) ? LOADS_UNITS : LOADS_BULK)
+  p->comb_loads = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", few_sms, true)     ? LOADS_BULK
                   : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", !few_sms, true) ? LOADS_ASYNC
                                                                                    : LOADS_REGS;
+  // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
+  // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
@@ -583,8 +584,7 @@ template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
   constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
-                       : LOADS == LOADS_BULK || LOADS == LOADS_UNITS
-                           ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
+                       : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
                                              : 0;
   static const int regs = [] {
     if (smem)
@@ -606,8 +606,6 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
   if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
-      if (p.comb_loads == LOADS_UNITS)
-        return launch_send_variant<NVL, TY, TX, N, true, LOADS_UNITS>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_BULK)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_ASYNC)

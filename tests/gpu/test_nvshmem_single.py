@@ -77,16 +77,13 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "untagged" runs nvlink's with the table's flag, without the early load and with warp 0's scan,
 # and put's plan and copy kernels, as before.
 # "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
-# brought into shared memory, by default only with at most half the GPU (the few-SM test):
-# tasks of (step, row) units, the receive half's partials by bulk copies too; "bulk-batches":
-# tasks of one step's rows (the receive half then takes over the ring where they left it).
-_BULK = {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"}
+# brought into shared memory, by default only with at most half the GPU (the few-SM test); its
+# receive half then takes the partials by bulk copies too, through the ring the send left.
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
-    "bulk-rows": _BULK,
-    "bulk-batches": {**_BULK, "MOE_BACKEND_NVSHMEM_COMBINE_UNITS": "0"},
+    "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
 }
 
 
