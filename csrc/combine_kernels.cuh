@@ -211,33 +211,53 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // cp.async paths spent most of their issue slots on per-lane loads, addresses, bounds and
 // branches: with 24 SMs the prefill combine issued 41M (registers) / 63M (cp.async)
 // instructions for ~9M adds (ncu, world size 1). Same adds in the same order as sum_rows.
-// ring: this warp's bulk_warp_bytes; bars: its BULK_STAGES mbarriers; seq: the tasks this warp
-// has summed so far (its ring's position, carried from item to item).
+// ring: this warp's (BulkRing below).
 constexpr int BULK_STAGES = 3;
 template <typename T, int N>
 constexpr int bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
 template <typename T, int N>
 constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N>(); }
 
+// A warp's ring of bulk stages (sum_rows_bulk, sum_units_bulk), carried from item to item and
+// from the send items to the receive items: between items every task issued has been summed,
+// so one slot serves both cursors there. Slot and parities in registers, the addresses as
+// shared-memory addresses: no division by the ring's size, no address conversion per task.
+struct BulkRing {
+  const char* stages;  // BULK_STAGES stages of ROW_BATCH rows of bulk_row_bytes
+  unsigned stages_sa;  // the same, as a shared-memory address (smem_addr)
+  unsigned bars_sa;    // one mbarrier per stage (8 bytes each), shared-memory address
+  int slot;            // the stage the next task is issued to and summed from
+  unsigned parity;     // bit d: the phase parity stage d completes next
+};
+__device__ __forceinline__ int next_slot(int d) { return d + 1 == BULK_STAGES ? 0 : d + 1; }
+// Waits for the task in the ring's slot, moves the ring on and returns that task's stage.
+__device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes) {
+  const int slot = ring.slot;
+  mbar_wait(ring.bars_sa + slot * 8, (ring.parity >> slot) & 1u);
+  ring.parity ^= 1u << slot;
+  ring.slot = next_slot(slot);
+  return ring.stages + slot * stage_bytes;
+}
+
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
-                                              char* ring, unsigned long long* bars, unsigned& seq, Emit&& emit) {
+                                              BulkRing& ring, Emit&& emit) {
   constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
   const int nb = (nk + RB - 1) / RB;
   const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
-  int is = 0, ib = 0, q_issued = 0;  // the next task to issue: step is, row batch ib
+  int is = 0, ib = 0, q_issued = 0, islot = ring.slot;  // the next task to issue: step is, row batch ib
   auto issue = [&]() {
     if (q_issued >= ntasks) return;
-    const unsigned u = seq + q_issued;
     const int h = h0 + is * STEP, j0 = ib * RB;
     const unsigned bytes = (unsigned)(min(STEP, h1 - h) * (int)sizeof(T));
     const int nr = min(RB, nk - j0);
-    unsigned long long* bar = bars + u % D;
+    const unsigned bar = ring.bars_sa + islot * 8;
     if (lane == 0) mbar_arrive_expect(bar, nr * bytes);
-    if (lane < nr) bulk_load(ring + (u % D) * (RB * ROW) + lane * ROW, rows[j0 + lane] + h, bytes, bar);
+    if (lane < nr) bulk_load(ring.stages_sa + (islot * RB + lane) * ROW, rows[j0 + lane] + h, bytes, bar);
     ++q_issued;
+    islot = next_slot(islot);
     if (++ib == nb) ib = 0, ++is;
   };
 #pragma unroll
@@ -247,9 +267,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
   for (int q = 0; q < ntasks; ++q) {
     __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
     issue();
-    const unsigned u = seq + q;
-    mbar_wait(bars + u % D, (u / D) & 1);
-    const char* st = ring + (u % D) * (RB * ROW);
+    const char* st = ring_take(ring, RB * ROW);
     if (cb == 0) zero_sums(acc);
     const int j0 = cb * RB;
     auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
@@ -269,19 +287,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
     if (cb == nb - 1) emit(h0 + lane * N + cs * STEP, acc);
     if (++cb == nb) cb = 0, ++cs;
   }
-  seq += ntasks;
 }
-
-// A warp's ring of bulk stages as sum_units_bulk keeps it, from item to item: between items
-// every task issued has been summed, so one slot serves both cursors there.
-struct BulkRing {
-  const char* stages;  // BULK_STAGES stages of ROW_BATCH rows of bulk_row_bytes
-  unsigned stages_sa;  // the same, as a shared-memory address (smem_addr)
-  unsigned bars_sa;    // one mbarrier per stage (8 bytes each), shared-memory address
-  int slot;            // the stage the next task is issued to and summed from
-  unsigned parity;     // bit d: the phase parity stage d completes next
-};
-__device__ __forceinline__ int next_slot(int d) { return d + 1 == BULK_STAGES ? 0 : d + 1; }
 
 // Unweighted sums of a few rows by bulk copies over units (the fused combine's receive half:
 // a token's partials, one per holding rank): the item's (step, row) pairs in step-major
@@ -325,11 +331,7 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
   for (int q = 0; q < ntasks; ++q) {
     __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
     issue();
-    const int slot = ring.slot;
-    mbar_wait(ring.bars_sa + slot * 8, (ring.parity >> slot) & 1u);
-    ring.parity ^= 1u << slot;
-    ring.slot = next_slot(slot);
-    const char* st = ring.stages + slot * (RB * ROW);
+    const char* st = ring_take(ring, RB * ROW);
     // Not unrolled: each unit may end a step (four copies of the emit's stores).
 #pragma unroll 1
     for (int r = 0; r < RB; ++r) {
@@ -407,13 +409,13 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  char* ring = nullptr;
-  unsigned long long* bars = nullptr;
-  unsigned bulk_seq = 0;
+  BulkRing ring{};  // LOADS_BULK: this warp's, for its send items and then its receive items
   if constexpr (LOADS == LOADS_BULK) {
     char* base = reinterpret_cast<char*>(async_smem);
-    ring = base + warp * bulk_warp_bytes<TY, N>();
-    bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
+    ring.stages = base + warp * bulk_warp_bytes<TY, N>();
+    auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
+    ring.stages_sa = smem_addr(ring.stages);
+    ring.bars_sa = smem_addr(bars);
     if (lane == 0) {
       for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
       mbar_init_fence();
@@ -487,7 +489,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       }
     };
     if constexpr (LOADS == LOADS_BULK) {
-      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, bars, bulk_seq, emit);
+      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);
@@ -532,15 +534,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
     constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    BulkRing recv_ring{ring, 0u, 0u, 0, 0u};
-    if constexpr (can_bulk) {  // the ring as sum_rows_bulk's bulk_seq tasks left it
-      recv_ring.stages_sa = smem_addr(ring);
-      recv_ring.bars_sa = smem_addr(bars);
-      recv_ring.slot = (int)(bulk_seq % BULK_STAGES);
-      for (int d = 0; d < BULK_STAGES; ++d)
-        recv_ring.parity |= (((bulk_seq + BULK_STAGES - 1 - d) / BULK_STAGES) & 1u) << d;
-    }
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, recv_ring, can_bulk && p.bulk_recv);
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
