@@ -105,7 +105,8 @@ def test_contract_suite_with_few_sms():
     plan's chunks exceed 256 tokens, and the receive still overlaps the send (the grids use
     at most half the GPU), in rounds and CUDA-graph replays too. Those rounds force the fused
     combine, which with at most half the GPU sums rows that bulk copies brought into shared
-    memory (the fused test covers the cp.async pipeline: the default with the whole GPU)."""
+    memory, and takes the partials of its receive half the same way (the fused test covers the
+    cp.async pipeline and register receive: the default with the whole GPU)."""
     _spawn(_contract_with_few_sms, 4, max(4, COUNT // 3))
 
 
