@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -162,9 +163,30 @@ static bool direct_recv_fits(const Params& p, bool transport_ok) {
          (items + NWARPS - 1) / NWARPS <= p.num_sms;
 }
 
+// Releases an arena context and what it holds (streams, events, kept tensors).
+static void free_ctx(Ctx* cx) {
+  cx->stash.clear();
+  cx->keep_x = at::Tensor();
+  cx->keep_s = at::Tensor();
+  cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
+  cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
+  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
+  if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
+  for (auto e : cx->ce_done) cudaEventDestroy(e);
+  if (cx->ce_join) cudaEventDestroy(cx->ce_join);
+  if (cx->send_side) cudaStreamDestroy(cx->send_side);
+  if (cx->send_join) cudaEventDestroy(cx->send_join);
+  if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
+  if (cx->fork) cudaEventDestroy(cx->fork);
+  if (cx->join) cudaEventDestroy(cx->join);
+  delete cx;
+}
+
 int64_t create_ctx(std::vector<int64_t> c) {
   MOE_CHECK(c.size() >= 37, "create_ctx: short config");
-  auto* cx = new Ctx();
+  // Freed with what it holds if a check below throws; handed to the caller at the end.
+  std::unique_ptr<Ctx, void (*)(Ctx*)> owner(new Ctx(), free_ctx);
+  Ctx* cx = owner.get();
   Params* p = &cx->p;
   int i = 0;
   p->W = c[i++]; p->G = c[i++]; p->tp = c[i++]; p->rank = c[i++];
@@ -188,6 +210,15 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
+  // The signal region (before the tables) must hold every flag the kernels index: arrive,
+  // table, token and barrier flags, and W ranks' partial flags (sig_comb). A layout computed
+  // with another COMBINE_ITEMS than the one passed here would not.
+  {
+    const long long flags = 2LL * p->W + p->G + (long long)p->G * p->M + (long long)p->W * comb_flags_per_rank(*p);
+    MOE_CHECK(p->off_sig >= 0 && p->off_tables - p->off_sig >= 8 * flags,
+              "create_ctx: the signal region (", p->off_tables - p->off_sig, " bytes at offset ", p->off_sig,
+              ") cannot hold the ", flags, " flags of this arena");
+  }
   const long long sources = (long long)p->G * p->M;
   p->copy_pieces = copy_pieces(*p);
   // Direct receive wherever it fits (round 16: decode dispatch 21.3 -> 17.4 us at 1 token,
@@ -310,27 +341,10 @@ int64_t create_ctx(std::vector<int64_t> c) {
       CUDA_OK(cudaEventCreateWithFlags(&cx->send_join, cudaEventDisableTiming));
     }
   }
-  return reinterpret_cast<int64_t>(cx);
+  return reinterpret_cast<int64_t>(owner.release());
 }
 
-void destroy_ctx(int64_t ctx) {
-  Ctx* cx = reinterpret_cast<Ctx*>(ctx);
-  cx->stash.clear();
-  cx->keep_x = at::Tensor();
-  cx->keep_s = at::Tensor();
-  cx->comb_out = cx->comb_ids = cx->comb_ntok = cx->comb_y = cx->comb_w = at::Tensor();
-  cx->keep_ids = cx->keep_w = cx->keep_n = at::Tensor();
-  if (cx->ce_copy) cudaStreamDestroy(cx->ce_copy);
-  if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
-  for (auto e : cx->ce_done) cudaEventDestroy(e);
-  if (cx->ce_join) cudaEventDestroy(cx->ce_join);
-  if (cx->send_side) cudaStreamDestroy(cx->send_side);
-  if (cx->send_join) cudaEventDestroy(cx->send_join);
-  if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
-  if (cx->fork) cudaEventDestroy(cx->fork);
-  if (cx->join) cudaEventDestroy(cx->join);
-  delete cx;
-}
+void destroy_ctx(int64_t ctx) { free_ctx(reinterpret_cast<Ctx*>(ctx)); }
 
 // The copy kernel's programmatic launch beside the plan: its blocks are scheduled while the
 // plan runs instead of after it. Default: for the one-warp-per-item copy of small arenas only,

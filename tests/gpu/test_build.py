@@ -59,3 +59,22 @@ def test_extension_errors_raise_with_their_numbers():
     if os.environ.get("MOE_BACKEND_STAMPS") != "1":  # a default build has none (they cost time)
         with pytest.raises(RuntimeError, match="this build has no timeline stamps; rebuild with MOE_BACKEND_STAMPS=1"):
             torch.ops.moe_backend.timeline_stamps(1)
+
+
+def test_create_ctx_rejects_a_signal_region_too_small():
+    """An arena whose signal region cannot hold every flag the kernels index (W ranks' partial
+    flags included) is refused before anything is allocated, naming the sizes."""
+    try:
+        import moe_backend._C  # noqa: F401
+    except ImportError as err:
+        pytest.skip(f"extension not loadable here: {err}")
+    flags = 2 + 1 + 16 + max(16, 1024)  # arrive + barrier, table, tokens, partials (M = 16, 1024 items)
+    cfg = [1, 1, 1, 0, 8, 8, 2, 64, 16,  # W G tp rank E L topk H M
+           128, 0, 128, 4096, 128, 0, 0,  # row, scale, slot, table, part bytes; out and transfer dtypes
+           32, 1, 1, 1, 10**9, 1024, 0,  # chunk, chunks, SMs, nvl, timeout ns, combine items, send stream
+           0, 0, 8 * flags - 8, 1 << 20, 2 << 20, 0, 0, 0,  # sym, offsets: signals one flag short
+           0, 0, 0, 0,  # state, cnt, rowmap, err
+           0, 0]  # pes, peers
+    expected = rf"signal region \({8 * flags - 8} bytes at offset 0\) cannot hold the {flags} flags"
+    with pytest.raises(RuntimeError, match=expected):
+        torch.ops.moe_backend.create_ctx(cfg)
