@@ -94,6 +94,7 @@ struct Ctx {
   cudaEvent_t ce_join = nullptr;
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
+  double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -324,6 +325,15 @@ int64_t create_ctx(std::vector<int64_t> c) {
   if (p->ce_send) {
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
+    // MOE_BACKEND_NVSHMEM_CE_DECAY=d (0 < d <= 1): chunks that shrink by d, so the last chunk,
+    // whose rows the receive writes only after every transfer, is the smallest (docs/KERNELS.md,
+    // round 28: prepared, not yet measured at EP2; 1 = the equal split, the default).
+    if (const char* d = std::getenv("MOE_BACKEND_NVSHMEM_CE_DECAY"); d && *d) {
+      char* end = nullptr;
+      cx->ce_decay = std::strtod(d, &end);
+      MOE_CHECK(end && *end == '\0' && cx->ce_decay > 0.0 && cx->ce_decay <= 1.0,
+                "MOE_BACKEND_NVSHMEM_CE_DECAY must be a number in (0, 1], got '", d, "'");
+    }
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
     CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_copy, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamCreateWithFlags(&cx->ce_flags, cudaStreamNonBlocking));
@@ -459,16 +469,43 @@ static void join_send_side(Ctx& cx, cudaStream_t stream) {
 // The SMs are left to the receive's copy, which otherwise competed with the send's stores.
 constexpr int CE_MIN_CHUNK = 64;
 
+// The first token of each of the copy-engine send's chunks for n tokens, then n: at most
+// max_chunks chunks of at least CE_MIN_CHUNK tokens (the last may be shorter), each `decay`
+// times the one before (1: equal chunks of ceil(n / chunks) tokens).
+std::vector<int64_t> ce_chunk_starts(int64_t n, int64_t max_chunks, double decay) {
+  MOE_CHECK(n >= 0 && max_chunks >= 1, "ce_chunk_starts: n >= 0 and max_chunks >= 1, got ", n, " and ", max_chunks);
+  MOE_CHECK(decay > 0.0 && decay <= 1.0, "ce_chunk_starts: decay must be in (0, 1]");
+  const int64_t chunks = std::max<int64_t>(1, std::min(max_chunks, (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
+  std::vector<int64_t> starts(chunks + 1, n);
+  starts[0] = 0;
+  if (decay == 1.0) {
+    const int64_t per = (n + chunks - 1) / chunks;
+    for (int64_t c = 1; c < chunks; ++c) starts[c] = std::min(n, c * per);
+    return starts;
+  }
+  double total = 0.0, w = 1.0;
+  for (int64_t c = 0; c < chunks; ++c, w *= decay) total += w;
+  double acc = 0.0;
+  w = 1.0;
+  for (int64_t c = 1; c < chunks; ++c, w *= decay) {
+    acc += w;
+    // Rounded to whole CE_MIN_CHUNK runs, at least one run past the previous start.
+    const int64_t t = (int64_t)std::llround(n * acc / total / CE_MIN_CHUNK) * CE_MIN_CHUNK;
+    starts[c] = std::min(n, std::max(starts[c - 1] + CE_MIN_CHUNK, t));
+  }
+  return starts;
+}
+
 static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int* nptr, int n,
                            unsigned long long dests) {
   const Params& p = cx.p;
   CUDA_OK(cudaStreamWaitEvent(cx.ce_copy, cx.fork, 0));
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
-  const int chunks = std::max(1, std::min((int)cx.ce_done.size(), (n + CE_MIN_CHUNK - 1) / CE_MIN_CHUNK));
-  const int per = (n + chunks - 1) / chunks;
+  const std::vector<int64_t> starts = ce_chunk_starts(n, (int64_t)cx.ce_done.size(), cx.ce_decay);
+  const int chunks = (int)starts.size() - 1;
   const long long aligned_row = (p.row_bytes + 15) & ~15;
   for (int c = 0; c < chunks; ++c) {
-    const int t0 = c * per, t1 = std::min(n, t0 + per);
+    const int t0 = (int)starts[c], t1 = (int)starts[c + 1];
     if (t0 >= t1 || c % p.tp != p.replica) continue;
     const size_t ntk = (size_t)(t1 - t0);
     for (unsigned long long m = dests; m; m &= m - 1) {
@@ -814,6 +851,7 @@ TORCH_LIBRARY(moe_backend, m) {
         "Tensor(a!)? out, int ctx) -> Tensor");
   m.def("combine_recv(Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, Tensor(a!) out, int ctx) -> ()");
   m.def("create_ctx(int[] cfg) -> int", moe::create_ctx);
+  m.def("ce_chunk_starts(int n, int max_chunks, float decay) -> int[]", moe::ce_chunk_starts);
   m.def("destroy_ctx(int ctx) -> ()", moe::destroy_ctx);
   m.def("get_uid() -> Tensor", moe::get_uid);
   m.def("init_uid(Tensor uid, int rank, int nranks) -> ()", moe::init_uid);

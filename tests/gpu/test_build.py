@@ -78,3 +78,26 @@ def test_create_ctx_rejects_a_signal_region_too_small():
     expected = rf"signal region \({8 * flags - 8} bytes at offset 0\) cannot hold the {flags} flags"
     with pytest.raises(RuntimeError, match=expected):
         torch.ops.moe_backend.create_ctx(cfg)
+
+
+def test_copy_engine_chunks_shrink_by_the_decay():
+    """The copy-engine send's chunk starts: the equal split by default (decay 1), chunks that
+    shrink by `decay` otherwise (MOE_BACKEND_NVSHMEM_CE_DECAY), whole runs of 64 tokens, every
+    token in exactly one chunk."""
+    try:
+        import moe_backend._C  # noqa: F401
+    except ImportError as err:
+        pytest.skip(f"extension not loadable here: {err}")
+    starts = torch.ops.moe_backend.ce_chunk_starts
+    assert starts(4096, 4, 1.0) == [0, 1024, 2048, 3072, 4096]
+    assert starts(100, 4, 1.0) == [0, 50, 100]  # at most one chunk per 64 tokens
+    assert starts(0, 4, 0.6) == [0, 0]
+    for n in (64, 1000, 4096, 8191):
+        s = starts(n, 4, 0.6)
+        sizes = [b - a for a, b in zip(s, s[1:])]
+        assert s[0] == 0 and s[-1] == n and all(size > 0 for size in sizes), s
+        assert all(a % 64 == 0 for a in s[:-1]), s
+        assert all(x > y for x, y in zip(sizes[:-1], sizes[1:])) or len(sizes) == 1, s
+    assert starts(4096, 4, 0.6) == [0, 1856, 3008, 3712, 4096]
+    with pytest.raises(RuntimeError, match=r"decay must be in \(0, 1\]"):
+        starts(4096, 4, 1.5)
