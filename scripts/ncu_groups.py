@@ -1,0 +1,71 @@
+"""Where a kernel's instructions and stalls go, from an `ncu` source-page export.
+
+Reads the CSV of `ncu --import REP --page source --csv --print-source sass` (one row per SASS
+instruction: executions, stall samples per reason) and prints:
+1. the instructions grouped by how often each ran: a loop body shows up as a group of many
+   instructions with one count (e.g. 4096 tokens x 14 steps x 2 row batches = 114,688 runs of
+   a task body), so the groups say which loop level holds the instructions;
+2. the stall reasons summed over the kernel;
+3. the instructions that hold the most stall samples, with their main reason.
+
+    python3 scripts/ncu_groups.py KERNEL_sass.csv [--groups 12] [--top 20]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import Counter
+from pathlib import Path
+
+
+def _num(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the export; the file may start with a kernel-name line."""
+    rows = list(csv.reader(path.open()))
+    start = next((i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r), None)
+    if start is None:
+        raise SystemExit(f"{path}: no header with 'Address' and 'Instructions Executed' (not an ncu source CSV?)")
+    return rows[start], rows[start + 1:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--groups", type=int, default=12, help="execution-count groups to print (largest first)")
+    ap.add_argument("--top", type=int, default=20, help="instructions with the most stall samples to print")
+    args = ap.parse_args()
+    header, rows = read_rows(args.csv)
+    col = {name: i for i, name in enumerate(header)}
+    executed = col["Instructions Executed"]
+    samples = col.get("Warp Stall Sampling (All Samples)")
+    reasons = [i for i, name in enumerate(header) if name.startswith("stall_") and "Not Issued" not in name]
+
+    total = sum(_num(r[executed]) for r in rows)
+    by_count: Counter[float] = Counter(_num(r[executed]) for r in rows)
+    print(f"{total / 1e6:.2f}M warp instructions executed, {len(rows)} instructions in the kernel")
+    print("runs each x instructions = total")
+    for count, n in sorted(by_count.items(), key=lambda kv: -kv[0] * kv[1])[: args.groups]:
+        print(f"  {count:>12,.0f} x {n:5d} = {count * n / 1e6:7.2f}M")
+
+    if samples is None or not reasons:
+        return
+    stall_sum = {header[i]: sum(_num(r[i]) for r in rows) for i in reasons}
+    all_samples = sum(stall_sum.values()) or 1.0
+    print("stall reasons (share of all samples)")
+    for name, v in sorted(stall_sum.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {name:<28} {100 * v / all_samples:5.1f}%")
+    print("instructions holding the most samples: samples (share), runs, main reason, source")
+    for r in sorted(rows, key=lambda r: -_num(r[samples]))[: args.top]:
+        main_reason = header[max(reasons, key=lambda i: _num(r[i]))]
+        print(f"  {_num(r[samples]):6.0f} ({100 * _num(r[samples]) / all_samples:4.1f}%) {_num(r[executed]):>10,.0f}"
+              f"  {main_reason:<24} {r[col['Source']].strip()[:60]}")
+
+
+if __name__ == "__main__":
+    main()
