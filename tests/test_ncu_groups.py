@@ -1,0 +1,41 @@
+"""scripts/ncu_groups.py: instructions grouped by execution count and stall samples, from an
+ncu source-page CSV."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ncu_groups.py"
+HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+          "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
+
+
+def _write(path: Path, rows: list[list[str]]) -> None:
+    lines = ['"Kernel Name","void k()"', ",".join(f'"{h}"' for h in HEADER)]
+    lines += [",".join(f'"{c}"' for c in r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_groups_loop_levels_and_ranks_stalls(tmp_path: Path) -> None:
+    csv_path = tmp_path / "k_sass.csv"
+    _write(csv_path, [
+        ["0x10", "LDS.128 R8, [R29]", "5", "1,000", "4", "1", "0"],
+        ["0x20", "FADD R1, R2, R3", "1", "1,000", "0", "1", "0"],
+        ["0x30", "SHF.L.U32 R4, R40, 0x10, RZ", "30", "10", "29", "1", "0"],
+    ])
+    out = subprocess.run([sys.executable, str(SCRIPT), str(csv_path)], check=True, capture_output=True,
+                         text=True).stdout
+    assert "0.00M warp instructions executed, 3 instructions" in out  # 2,010 in all
+    assert "1,000 x     2 =    0.00M" in out and "10 x     1 =" in out
+    assert "stall_long_sb                 91.7%" in out  # 33 of 36 samples; the Not-Issued column left out
+    top = out.split("most samples")[1].splitlines()[1]
+    assert "SHF.L.U32" in top and "stall_long_sb" in top and "(83.3%)" in top
+
+
+def test_rejects_a_file_that_is_not_a_source_export(tmp_path: Path) -> None:
+    bad = tmp_path / "raw.csv"
+    bad.write_text('"ID","Kernel Name"\n"0","k"\n')
+    res = subprocess.run([sys.executable, str(SCRIPT), str(bad)], capture_output=True, text=True)
+    assert res.returncode != 0 and "not an ncu source CSV" in res.stderr
