@@ -50,7 +50,8 @@ receive (DeepSeek prefill dispatch 263 -> 231 us, docs/KERNELS.md, round 15). Ev
 crosses to every other group. Off with `CUDA_DEVICE_MAX_CONNECTIONS=1` (one hardware queue:
 the receive would wait behind the chunks). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for
 every call; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
-(0 < d <= 1, default 1: equal) makes each chunk d times the one before. It enables peer access to the
+(0 < d <= 1, default 1: equal) makes each chunk d times the one before, and
+`MOE_BACKEND_NVSHMEM_CE_STREAMS=k` (1..4, default 1) copies chunk c on stream c % k. It enables peer access to the
 peers' devices (a context on each).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
