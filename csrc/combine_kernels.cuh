@@ -297,7 +297,8 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
 // first row is added to 0.0f in place of zeroing the sums. Same adds in the same order as
 // sum_rows: row j ascending from 0.0f, emit(h, acc) after each step's last row. (As the send's
 // loads, with weights, these tasks were slower than sum_rows_bulk's: 24-SM prefill combine
-// 457 -> 476-520 us at world size 1, round 28.)
+// 457 -> 476-520 us at world size 1, round 28.) The issue / ring_take loop is sum_rows_bulk's;
+// a shared helper for it reordered the measured send kernel's SASS, so both keep their own.
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int h0, int h1, BulkRing& ring,
                                                Emit&& emit) {

@@ -150,10 +150,12 @@ __device__ __forceinline__ ulonglong2 ld_tagged2(const char* src) {
 __device__ __forceinline__ bool tagged_now(unsigned long long v, unsigned long long round) {
   return (unsigned)(v >> 32) == (unsigned)round;
 }
+// A shared-memory address as the shared state space's 32-bit address (what the cp.async,
+// mbarrier and bulk-copy instructions take; a caller can keep it in a register).
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // 16-byte asynchronous copies from global into shared memory (L2 only), in commit groups.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem)), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int K>
@@ -161,19 +163,14 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // Bulk copies (the copy engine of the SM, "TMA") from global into shared memory, their bytes
 // counted by an mbarrier in this block's shared memory: one instruction moves a whole piece.
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
-               : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 // Makes the initialisations visible to the bulk copies (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// Arrives once and expects `bytes` more of bulk copies in the barrier's current phase. The
-// barrier by its shared-memory address (smem_addr), which a caller can keep in a register.
+// Arrives once and expects `bytes` more of bulk copies in the barrier's current phase (the
+// barrier by its smem_addr).
 __device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect(unsigned long long* bar, unsigned bytes) {
-  mbar_arrive_expect(smem_addr(bar), bytes);
 }
 // Waits until the phase of the given parity has completed (every arrival and every byte in).
 // Not bounded by timeout_ns like the waits for peers: it waits for this SM's own bulk copies
@@ -187,15 +184,11 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) { mbar_wait(smem_addr(bar), parity); }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
-}
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  bulk_load(smem_addr(dst), src, bytes, smem_addr(bar));
 }
 // Orders this thread's view of global memory (what an acquire made visible) before its later
 // bulk copies (the async proxy) read it.

@@ -212,11 +212,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
-  // The signal region (before the tables) must hold every flag the kernels index: arrive,
-  // table, token and barrier flags, and W ranks' partial flags (sig_comb). A layout computed
-  // with another COMBINE_ITEMS than the one passed here would not.
+  // The signal region (before the tables) must hold every flag the kernels index: the last
+  // is rank W-1's last partial flag, so the count is sig_comb's index of a rank W. A layout
+  // computed with another COMBINE_ITEMS than the one passed here would not hold them.
   {
-    const long long flags = 2LL * p->W + p->G + (long long)p->G * p->M + (long long)p->W * comb_flags_per_rank(*p);
+    const long long flags = sig_comb(*p, p->W, 0, 0, 1);
     MOE_CHECK(p->off_sig >= 0 && p->off_tables - p->off_sig >= 8 * flags,
               "create_ctx: the signal region (", p->off_tables - p->off_sig, " bytes at offset ", p->off_sig,
               ") cannot hold the ", flags, " flags of this arena");

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic-proxy writes, seen by the bulk copies
   __syncthreads();
   if ((threadIdx.x & 31) != 0) return;
-  const unsigned sa = (unsigned)__cvta_generic_to_shared(buf);
+  const unsigned sa = smem_addr(buf);
   const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
   for (long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c * PROBE_BULK < nbytes; c += nwarps) {
     const long long off = c * PROBE_BULK;
