@@ -284,7 +284,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
                   : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", !few_sms, true) ? LOADS_ASYNC
                                                                                    : LOADS_REGS;
   // Bulk loads in steps twice as wide, on blocks of half the warps (LOADS_BULK_WIDE).
-  if (p->comb_loads == LOADS_BULK && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_WIDE", false))
+  if (p->comb_loads == LOADS_BULK && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_WIDE", false, true))
     p->comb_loads = LOADS_BULK_WIDE;
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
