@@ -125,14 +125,7 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-// LOADS_BULK_WIDE: bulk copies of steps twice as wide (2 KB of bf16 a row), on blocks of half the
-// warps, so a block's ring holds the same bytes and each task and step overhead covers twice the
-// elements (see sum_rows_bulk).
-enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_BULK_WIDE = 3 };
-constexpr bool is_bulk(int loads) { return loads == LOADS_BULK || loads == LOADS_BULK_WIDE; }
-constexpr int bulk_width(int loads) { return loads == LOADS_BULK_WIDE ? 2 : 1; }
-// Warps per block of the combine send with these loads.
-constexpr int send_warps(int loads) { return loads == LOADS_BULK_WIDE ? NWARPS / 2 : NWARPS; }
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
@@ -220,13 +213,10 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // instructions for ~9M adds (ncu, world size 1). Same adds in the same order as sum_rows.
 // ring: this warp's (BulkRing below).
 constexpr int BULK_STAGES = 3;
-// A bulk step's chunks per lane, and its row bytes: BW (bulk_width) times a register step's.
-template <typename T, int N, int BW>
-constexpr int bulk_chunks() { return BW * chunks_per_step<T, N>(); }
-template <typename T, int N, int BW>
-constexpr int bulk_row_bytes() { return 32 * N * bulk_chunks<T, N, BW>() * (int)sizeof(T); }
-template <typename T, int N, int BW>
-constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N, BW>(); }
+template <typename T, int N>
+constexpr int bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
+template <typename T, int N>
+constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N>(); }
 
 // A warp's ring of bulk stages (sum_rows_bulk, sum_units_bulk), carried from item to item and
 // from the send items to the receive items: between items every task issued has been summed,
@@ -249,11 +239,11 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
   return ring.stages + slot * stage_bytes;
 }
 
-template <typename T, int N, int C, typename Emit>
+template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
                                               BulkRing& ring, Emit&& emit) {
-  constexpr int P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
-  constexpr int STEP = 32 * N * C, ROW = STEP * (int)sizeof(T);
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
   const int nb = (nk + RB - 1) / RB;
   const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
@@ -309,11 +299,11 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
 // loads, with weights, these tasks were slower than sum_rows_bulk's: 24-SM prefill combine
 // 457 -> 476-520 us at world size 1, round 28.) The issue / ring_take loop is sum_rows_bulk's;
 // a shared helper for it reordered the measured send kernel's SASS, so both keep their own.
-template <typename T, int N, int C, typename Emit>
+template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int h0, int h1, BulkRing& ring,
                                                Emit&& emit) {
-  constexpr int P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
-  constexpr int STEP = 32 * N * C, ROW = STEP * (int)sizeof(T);
+  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
   const int steps = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP : 0;  // empty slice: none
   const int nu = steps * nk;
@@ -398,7 +388,7 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
   return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
 }
 
-template <typename TX, typename TO, int N, int RB, bool COUNTER, int BW>
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk);
 __device__ void combine_finish(const Params& p, unsigned long long round);
@@ -409,23 +399,22 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
-__global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
-  constexpr int BW = bulk_width(LOADS), CB = bulk_chunks<TY, N, BW>(), KW = send_warps(LOADS);
-  // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. Bulk: bulk_warp_bytes<TY, N, BW>()
-  // per warp, then BULK_STAGES mbarriers per warp (KW warps a block).
+  // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. LOADS_BULK: bulk_warp_bytes<TY, N>()
+  // per warp, then BULK_STAGES mbarriers per warp.
   extern __shared__ int4 async_smem[];
   __shared__ const TY* sh_rows[NWARPS][64];
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  BulkRing ring{};  // bulk loads: this warp's, for its send items and then its receive items
-  if constexpr (is_bulk(LOADS)) {
+  BulkRing ring{};  // LOADS_BULK: this warp's, for its send items and then its receive items
+  if constexpr (LOADS == LOADS_BULK) {
     char* base = reinterpret_cast<char*>(async_smem);
-    ring.stages = base + warp * bulk_warp_bytes<TY, N, BW>();
-    auto* bars = reinterpret_cast<unsigned long long*>(base + KW * bulk_warp_bytes<TY, N, BW>()) + warp * BULK_STAGES;
+    ring.stages = base + warp * bulk_warp_bytes<TY, N>();
+    auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
     ring.stages_sa = smem_addr(ring.stages);
     ring.bars_sa = smem_addr(bars);
     if (lane == 0) {
@@ -447,7 +436,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_ke
   // for each of those empty items (G*M*S of them with a few tokens in a large arena).
   const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
   const long long total = (long long)G * nvisit * S;
-  const long long stride = (long long)gridDim.x * KW;
+  const long long stride = (long long)gridDim.x * NWARPS;
   stamp_exit(ST_CSEND_LOOP);
   for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
        i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
@@ -484,9 +473,9 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_ke
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.
     TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
-    auto emit = [&]<int CC>(int h, float (&acc)[CC][N]) {  // CC: the step's chunks (CB with bulk loads)
+    auto emit = [&](int h, float (&acc)[C][N]) {
 #pragma unroll
-      for (int c = 0; c < CC; ++c) {
+      for (int c = 0; c < C; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
           if constexpr (NVL) {
@@ -500,8 +489,8 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_ke
         }
       }
     };
-    if constexpr (is_bulk(LOADS)) {
-      sum_rows_bulk<TY, N, CB>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, emit);
+    if constexpr (LOADS == LOADS_BULK) {
+      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);
@@ -545,8 +534,8 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_ke
     // the send's register budget holds.
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
-    constexpr bool can_bulk = is_bulk(LOADS) && bulk_row_bytes<TX, N, BW>() == bulk_row_bytes<TY, N, BW>();
-    combine_recv_items<TX, TY, N, 2, true, BW>(p, ra, sh_src[warp], KW, ring, can_bulk && p.bulk_recv);
+    constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -559,8 +548,8 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK_WIDE ? 128 : 96) combine_send_ke
 // ranks holding its experts in rank order (float32, from 0.0f) and rounds to the output
 // dtype; zeros for rows past n and tokens with no expert.
 // bulk: the partials of items with at least one come by bulk copies through this warp's ring
-// (sum_units_bulk, steps of bulk_width BW); otherwise by registers (sum_rows).
-template <typename TX, typename TO, int N, int RB, bool COUNTER, int BW>
+// (sum_units_bulk); otherwise by registers (sum_rows).
+template <typename TX, typename TO, int N, int RB, bool COUNTER>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk) {
   constexpr int C = chunks_per_step<TX, N>();
@@ -611,14 +600,14 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     const int nr = __popcll(mask);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    auto store_out = [&]<int CC>(int h, float (&acc)[CC][N]) {
+    auto store_out = [&](int h, float (&acc)[C][N]) {
 #pragma unroll
-      for (int c = 0; c < CC; ++c)
+      for (int c = 0; c < C; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     };
     if (bulk && nr > 0) {
       fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
-      sum_units_bulk<TX, N, bulk_chunks<TX, N, BW>()>(sh_src, nr, h0, h1, ring, store_out);
+      sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
     } else {
       for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
         float acc[C][N];
@@ -661,7 +650,7 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   const unsigned long long round = combine_round(p);
   if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);
   BulkRing none{};
-  combine_recv_items<TX, TO, N, ROW_BATCH, false, 1>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none, false);
+  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none, false);
   combine_finish(p, round);
   stamp_exit(ST_CRECV);
 }

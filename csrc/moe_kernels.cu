@@ -283,9 +283,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->comb_loads = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", few_sms, true)     ? LOADS_BULK
                   : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", !few_sms, true) ? LOADS_ASYNC
                                                                                    : LOADS_REGS;
-  // Bulk loads in steps twice as wide, on blocks of half the warps (LOADS_BULK_WIDE).
-  if (p->comb_loads == LOADS_BULK && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_WIDE", false, true))
-    p->comb_loads = LOADS_BULK_WIDE;
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
@@ -652,17 +649,16 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
-  constexpr int KW = send_warps(LOADS);
-  constexpr int smem = LOADS == LOADS_ASYNC ? KW * async_warp_int4s<TY, N>() * 16
-                       : is_bulk(LOADS)     ? KW * (bulk_warp_bytes<TY, N, bulk_width(LOADS)>() + BULK_STAGES * 8)
-                                            : 0;
+  constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
+                       : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
+                                             : 0;
   static const int regs = [] {
     if (smem)
       CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, KW * 32, FUSED);
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, NTHREADS, FUSED);
   }();
-  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, KW * 32, smem, s>>>(p, y, w, ra);
+  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
 }
 
@@ -678,8 +674,6 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
       if (p.comb_loads == LOADS_BULK)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK>(p, yp, w, typed<TY>(*rs), blocks, s);
-      if (p.comb_loads == LOADS_BULK_WIDE)
-        return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK_WIDE>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_ASYNC)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_ASYNC>(p, yp, w, typed<TY>(*rs), blocks, s);
     }
