@@ -239,29 +239,14 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
   return ring.stages + slot * stage_bytes;
 }
 
-// ahead > 0: the rows of step s + ahead are prefetched into L2 when step s begins (steps 1..ahead
-// when the item does), one line per lane and instruction, so the bulk copies, issued only
-// BULK_STAGES - 1 tasks ahead, find them there: the ring's bytes in flight (2 of its 3 stages)
-// did not cover DRAM's latency with 24 SMs.
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
-                                              BulkRing& ring, int ahead, Emit&& emit) {
+                                              BulkRing& ring, Emit&& emit) {
   constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
-  constexpr int LINES = ROW / 128;  // 128-byte lines of one row's step
-  static_assert(LINES > 0 && (LINES & (LINES - 1)) == 0, "a step's row is a power-of-two number of lines");
   const int lane = threadIdx.x & 31;
   const int nb = (nk + RB - 1) / RB;
   const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
-  auto prefetch_step = [&](int s) {
-    const int h = h0 + s * STEP;
-    if (h >= h1) return;
-    for (int k = lane; k < nk * LINES; k += 32) {
-      const int e = (k & (LINES - 1)) * (128 / (int)sizeof(T));
-      if (h + e < h1) prefetch_l2(rows[k / LINES] + h + e);
-    }
-  };
-  for (int s = 1; s <= ahead; ++s) prefetch_step(s);
   int is = 0, ib = 0, q_issued = 0, islot = ring.slot;  // the next task to issue: step is, row batch ib
   auto issue = [&]() {
     if (q_issued >= ntasks) return;
@@ -282,7 +267,6 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
   for (int q = 0; q < ntasks; ++q) {
     __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
     issue();
-    if (ahead > 0 && cb == 0 && cs > 0) prefetch_step(cs + ahead);
     const char* st = ring_take(ring, RB * ROW);
     if (cb == 0) zero_sums(acc);
     const int j0 = cb * RB;
@@ -506,7 +490,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       }
     };
     if constexpr (LOADS == LOADS_BULK) {
-      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, p.comb_prefetch, emit);
+      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);

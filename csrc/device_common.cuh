@@ -28,7 +28,6 @@ struct Params {
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
   int bulk_recv;   // with LOADS_BULK: the fused receive half's partials by bulk copies too
-  int comb_prefetch;  // with LOADS_BULK: the send's rows prefetched into L2 this many steps ahead (0: not)
   long long timeout_ns;
   int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
                     // until it has about this many work items (call_slices)
@@ -191,8 +190,6 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
-// A hint: the 128-byte line holding `p` fetched into L2 (no register waits for it).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // Orders this thread's view of global memory (what an acquire made visible) before its later
 // bulk copies (the async proxy) read it.
 __device__ __forceinline__ void fence_proxy_async_global() {

@@ -286,14 +286,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
-  // With bulk row loads, the send's rows prefetched into L2 this many steps ahead (0: not).
-  if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH"); v && *v) {
-    char* end = nullptr;
-    const long ahead = std::strtol(v, &end, 10);
-    MOE_CHECK(end && *end == '\0' && ahead >= 0 && ahead <= 8,
-              "MOE_BACKEND_NVSHMEM_COMBINE_PREFETCH must be 0..8 (steps ahead), got '", v, "'");
-    p->comb_prefetch = (int)ahead;
-  }
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
