@@ -268,18 +268,28 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
     __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
     issue();
     const char* st = ring_take(ring, RB * ROW);
-    if (cb == 0) zero_sums(acc);
     const int j0 = cb * RB;
+    // The kernel is issue-bound with 24 SMs (round 29), so a task spends no instruction it can
+    // avoid: a step's first row is added to 0.0f (no zeroing of the sums), and a full batch's
+    // rows go without their bounds.
     auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
+      constexpr bool WT = decltype(weighted)::value;
+      auto add = [&](int r, auto first) {
+        VecT<T, N> raw[C];
+        read_staged<T, N, C>(raw, [&](int c, int pc) {
+          return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
+        });
+        add_row_scaled<T, N, C, WT, decltype(first)::value>(acc, raw, WT ? ws[j0 + r] : 1.0f);
+      };
+      if (cb == 0) add(0, std::true_type{});
+      else add(0, std::false_type{});
+      if (j0 + RB <= nk) {
 #pragma unroll
-      for (int r = 0; r < RB; ++r) {
-        if (j0 + r < nk) {
-          VecT<T, N> raw[C];
-          read_staged<T, N, C>(raw, [&](int c, int pc) {
-            return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
-          });
-          add_row_scaled<T, N, C, decltype(weighted)::value>(acc, raw, weighted ? ws[j0 + r] : 1.0f);
-        }
+        for (int r = 1; r < RB; ++r) add(r, std::false_type{});
+      } else {
+#pragma unroll
+        for (int r = 1; r < RB; ++r)
+          if (j0 + r < nk) add(r, std::false_type{});
       }
     };
     if (ws) sum_stage(std::true_type{});
