@@ -239,9 +239,11 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
   return ring.stages + slot * stage_bytes;
 }
 
+// ws: the rows' weights, read only when `weighted` (a shared array: a pointer that may be null
+// cost each task its conversion to a shared address and the null test).
 template <typename T, int N, typename Emit>
-__device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, int nk, int h0, int h1,
-                                              BulkRing& ring, Emit&& emit) {
+__device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, bool weighted, int nk, int h0,
+                                              int h1, BulkRing& ring, Emit&& emit) {
   constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
@@ -292,7 +294,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
           if (j0 + r < nk) add(r, std::false_type{});
       }
     };
-    if (ws) sum_stage(std::true_type{});
+    if (weighted) sum_stage(std::true_type{});
     else sum_stage(std::false_type{});
     if (cb == nb - 1) emit(h0 + lane * N + cs * STEP, acc);
     if (++cb == nb) cb = 0, ++cs;
@@ -500,7 +502,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       }
     };
     if constexpr (LOADS == LOADS_BULK) {
-      sum_rows_bulk<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1, ring, emit);
+      sum_rows_bulk<TY, N>(sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);
