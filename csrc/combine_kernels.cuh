@@ -274,8 +274,8 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
     // The kernel is issue-bound with 24 SMs (round 29), so a task spends no instruction it can
     // avoid: a step's first row is added to 0.0f (no zeroing of the sums), and a full batch's
     // rows go without their bounds.
-    auto sum_stage = [&](auto weighted) {  // the weights' branch once per task, not per row
-      constexpr bool WT = decltype(weighted)::value;
+    auto sum_stage = [&](auto with_weights) {  // the weights' branch once per task, not per row
+      constexpr bool WT = decltype(with_weights)::value;
       auto add = [&](int r, auto first) {
         VecT<T, N> raw[C];
         read_staged<T, N, C>(raw, [&](int c, int pc) {
