@@ -386,6 +386,28 @@ __device__ __forceinline__ long long next_item(unsigned long long* counter, long
   }
 }
 
+// The rows (and weights, 1 without) of a work item held here (its row map rm: topk rows or -1),
+// in k order, into rows[] / ws[] (shared, one warp's); returns how many. The warp's lanes read
+// the row map together.
+template <typename TY>
+__device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const TY* y, const float* w, const TY** rows,
+                                           float* ws, int lane) {
+  int nk = 0;
+  for (int k0 = 0; k0 < topk; k0 += 32) {
+    int k = k0 + lane;
+    int row = k < topk ? rm[k] : -1;
+    unsigned b = __ballot_sync(0xffffffffu, row >= 0);
+    if (row >= 0) {
+      int pos = nk + __popc(b & ((1u << lane) - 1));
+      rows[pos] = y + (long long)row * H;
+      ws[pos] = w ? w[row] : 1.0f;
+    }
+    nk += __popc(b);
+  }
+  __syncwarp();
+  return nk;
+}
+
 // What a combine receive needs (the fused send kernel's receive half; unused otherwise).
 // The host passes RecvArgs<void> around and types it at the launch.
 template <typename TO>
@@ -455,20 +477,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
-    const int* rm = p.rowmap + u * topk;
-    int nk = 0;
-    for (int k0 = 0; k0 < topk; k0 += 32) {
-      int k = k0 + lane;
-      int row = k < topk ? rm[k] : -1;
-      unsigned b = __ballot_sync(0xffffffffu, row >= 0);
-      if (row >= 0) {
-        int pos = nk + __popc(b & ((1u << lane) - 1));
-        sh_rows[warp][pos] = y + (long long)row * H;
-        sh_w[warp][pos] = w ? w[row] : 1.0f;
-      }
-      nk += __popc(b);
-    }
-    __syncwarp();
+    const int nk = gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
