@@ -172,6 +172,14 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
+// Arrives once (release: this thread's earlier reads and writes come first).
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Named barrier `id` (not 0: __syncthreads' own) of `count` threads, whole warps.
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
 // Waits until the phase of the given parity has completed (every arrival and every byte in).
 // Not bounded by timeout_ns like the waits for peers: it waits for this SM's own bulk copies
 // from this GPU's memory, which always complete.
