@@ -439,6 +439,8 @@ struct PipeHeader {
   PipeStage s;
   float w[PIPE_RB];
 };
+static_assert(sizeof(PipeHeader) % 8 == 0, "the mbarriers after the headers stay 8-byte aligned");
+static_assert(PIPE_CONSUMERS * 32 == NTHREADS, "a consumer lane per 16 bytes of a stage row");
 // Dynamic shared memory: the stages, then the headers, then the full and empty mbarriers.
 constexpr int pipe_smem_bytes() {
   return PIPE_STAGES * (PIPE_RB * PIPE_ROW_BYTES + (int)sizeof(PipeHeader) + 16);
@@ -485,7 +487,12 @@ __device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const
       bulk_load(smem_addr(ring.stages) + (slot * PIPE_RB + lane) * PIPE_ROW_BYTES, src[lane] + hd.h, bytes, bar);
     slot = pipe_next(slot);
   };
-  for (long long i = next_item<true>(&p.state[2], 0, 0, lane); i < total; i = next_item<true>(&p.state[2], i, 0, lane)) {
+  // The next item is claimed when this one starts, so the counter's atomic overlaps its stages.
+  unsigned long long claim = lane == 0 ? atomicAdd(&p.state[2], 1ULL) : 0ULL;
+  for (;;) {
+    const long long i = (long long)__shfl_sync(0xffffffffu, claim, 0);
+    if (i >= total) break;
+    if (lane == 0) claim = atomicAdd(&p.state[2], 1ULL);
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const int nk = gather_rows(p.rowmap + ((long long)g * M + t) * topk, topk, H, y, w, rows, ws, lane);
@@ -495,6 +502,7 @@ __device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const
     if (h1 <= h0) {
       take();
       publish(PipeStage{h0, 0, 0, PIPE_ITEM_END, t, g, sl, 0}, rows, ws, 0u);
+      __syncwarp();  // every lane has read rows[] before the next item's gather writes it
       continue;
     }
     for (int h = h0; h < h1; h += STEP) {
@@ -507,14 +515,16 @@ __device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const
                 (unsigned)(width * (int)sizeof(TY)));
       }
     }
+    __syncwarp();  // every lane has read rows[] before the next item's gather writes it
   }
   take();
   publish(PipeStage{0, 0, 0, PIPE_DONE, 0, 0, 0, 0}, rows, ws, 0u);
 }
 
 // A consumer warp: sums its column of each stage, emits its part of a step's partial after the
-// step's last stage, and after an item's last stage meets the other consumers at barrier 1,
-// where thread 0 releases the item's flags at every replica.
+// step's last stage, and after an item's last stage meets the other consumers at barrier 1;
+// then one warp, a different one each item (a system-scope release stalls its warp), releases
+// the item's flags at every replica.
 template <typename TY, typename TX>
 __device__ __forceinline__ void pipe_consume(const Params& p, bool weighted, unsigned long long round,
                                              const PipeRing& ring) {
@@ -523,7 +533,7 @@ __device__ __forceinline__ void pipe_consume(const Params& p, bool weighted, uns
   const int col = (warp * 32 + lane) * V;  // this lane's first element of a step
   const int S = call_slices(p);
   float acc[1][V];
-  int slot = 0;
+  int slot = 0, releaser = 0;  // the warp that releases the next item's flags
   unsigned parity = 0;
   for (;;) {
     mbar_wait(ring.full + slot * 8, (parity >> slot) & 1u);
@@ -559,8 +569,11 @@ __device__ __forceinline__ void pipe_consume(const Params& p, bool weighted, uns
       for (int q = 0; q < p.tp; ++q) store_n<TX, V>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + h + col, acc[0]);
     if (flags & PIPE_ITEM_END) {
       // The release store orders every consumer's partial stores, which the barrier ordered before it.
+      __syncwarp();  // bar.sync wants the whole warp
       named_barrier(1, PIPE_CONSUMERS * 32);
-      if (threadIdx.x < p.tp) st_release_sys(sigp(p, p.peer[g * p.tp + threadIdx.x], sig_comb(p, p.rank, t, sl, S)), round);
+      if (warp == releaser && lane < p.tp)
+        st_release_sys(sigp(p, p.peer[g * p.tp + lane], sig_comb(p, p.rank, t, sl, S)), round);
+      releaser = releaser + 1 == PIPE_CONSUMERS ? 0 : releaser + 1;
     }
   }
 }
