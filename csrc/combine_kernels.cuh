@@ -240,6 +240,21 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
   return ring.stages + slot * stage_bytes;
 }
 
+// Sets `ring` to warp `warp`'s ring in a block's bulk-load shared memory (NWARPS rings, then
+// their mbarriers) and initialises its mbarriers.
+template <typename T, int N>
+__device__ __forceinline__ void init_warp_ring(BulkRing& ring, char* base, int warp, int lane) {
+  ring.stages = base + warp * bulk_warp_bytes<T, N>();
+  auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<T, N>()) + warp * BULK_STAGES;
+  ring.stages_sa = smem_addr(ring.stages);
+  ring.bars_sa = smem_addr(bars);
+  if (lane == 0) {
+    for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+}
+
 // ws: the rows' weights, read only when `weighted` (a shared array: a pointer that may be null
 // cost each task its conversion to a shared address and the null test).
 template <typename T, int N, typename Emit>
@@ -420,7 +435,9 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
 // column of every stage (one 16-byte vector a lane and row), so a copy is issued once for
 // sixteen warps and five of the six stages are in flight. Same adds in the same order as
 // sum_rows (row j ascending from 0.0f, weights by __fmul_rn, no FMA). An item's flags are
-// released by one thread after the consumers' barrier that follows its last stage.
+// released after the consumers' barrier that follows its last stage. The fused receive half
+// then takes the partials by bulk copies as LOADS_BULK's does, each consumer warp through its own
+// ring in the memory the pipeline leaves.
 constexpr int PIPE_CONSUMERS = NWARPS;
 constexpr int PIPE_WARPS = PIPE_CONSUMERS + 1;  // the last one produces
 constexpr int PIPE_RB = 4;
@@ -614,8 +631,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  BulkRing ring{};  // LOADS_BULK: this warp's, for its send items and then its receive items
-  if constexpr (LOADS == LOADS_BULK) {
+  // LOADS_BULK: this warp's, for its send items and then its receive items; LOADS_PIPE: a
+  // consumer warp's, for its receive items, in the memory the pipeline leaves.
+  BulkRing ring{};
+  if constexpr (LOADS == LOADS_BULK) {  // init_warp_ring's body: called, it reordered this measured kernel's SASS
     char* base = reinterpret_cast<char*>(async_smem);
     ring.stages = base + warp * bulk_warp_bytes<TY, N>();
     auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
@@ -656,6 +675,18 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     const PipeRing pr = pipe_ring(reinterpret_cast<char*>(async_smem));
     if (warp == PIPE_CONSUMERS) pipe_produce<TY, 32 * N * C>(p, y, w, sh_rows[0], sh_w[0], pr);
     else pipe_consume<TY, TX>(p, w != nullptr, round, pr);
+    if constexpr (FUSED) {
+      // The receive half takes the partials as LOADS_BULK's does (round 28), each consumer warp
+      // through its own ring in the pipeline's memory, once every warp has left the pipeline
+      // (its copies all completed: the consumers waited for each stage) and its mbarriers are
+      // invalidated. The producer warp takes receive items by registers.
+      static_assert(pipe_smem_bytes() >= NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8),
+                    "the consumers' rings fit the pipeline's memory");
+      __syncthreads();
+      if (threadIdx.x < 2 * PIPE_STAGES) mbar_inval(pr.full + threadIdx.x * 8);
+      __syncthreads();
+      if (warp < PIPE_CONSUMERS) init_warp_ring<TY, N>(ring, reinterpret_cast<char*>(async_smem), warp, lane);
+    }
   } else {
     for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
          i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
@@ -741,8 +772,10 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     // the send's register budget holds.
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
-    constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], send_warps(LOADS), ring, can_bulk && p.bulk_recv);
+    constexpr bool can_bulk = (LOADS == LOADS_BULK || LOADS == LOADS_PIPE) && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
+    const bool has_ring = LOADS != LOADS_PIPE || warp < PIPE_CONSUMERS;
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], send_warps(LOADS), ring,
+                                           can_bulk && has_ring && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);

@@ -176,6 +176,10 @@ __device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes)
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Ends the barrier's life, so its memory may serve another purpose (a new barrier included).
+__device__ __forceinline__ void mbar_inval(unsigned bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 // Named barrier `id` (not 0: __syncthreads' own) of `count` threads, whole warps.
 __device__ __forceinline__ void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");

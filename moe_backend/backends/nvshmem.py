@@ -35,9 +35,9 @@ GPU (`num_sms`) its send pipelines the expert-row loads through shared memory (c
 by bulk copies into a per-warp ring (`MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1`), and its receive
 half then takes the partials by bulk copies through the same ring
 (`MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV=0` keeps register loads there). On nvlink,
-`MOE_BACKEND_NVSHMEM_COMBINE_PIPE=1` replaces those bulk loads by a block-wide pipeline (one
-warp issues every copy, sixteen sum their columns; its receive half loads by registers):
-prepared in round 29, off by default until measured.
+`MOE_BACKEND_NVSHMEM_COMBINE_PIPE=1` replaces the send's bulk loads by a block-wide pipeline
+(one warp issues every copy, sixteen sum their columns; the receive half keeps its per-warp
+rings, in the pipeline's memory): prepared in round 29, off by default until measured.
 Each combine call cuts a token's partial into slices (a warp and a flag each) until it has about
 1024 work items (`MOE_BACKEND_NVSHMEM_COMBINE_ITEMS`), from the round's largest token count.
 The copy kernel of the dispatch receive cuts each token's row into pieces, one warp each,
