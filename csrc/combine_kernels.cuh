@@ -248,6 +248,8 @@ __device__ __forceinline__ void init_warp_ring(BulkRing& ring, char* base, int w
   auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<T, N>()) + warp * BULK_STAGES;
   ring.stages_sa = smem_addr(ring.stages);
   ring.bars_sa = smem_addr(bars);
+  ring.slot = 0;
+  ring.parity = 0;
   if (lane == 0) {
     for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
     mbar_init_fence();
@@ -677,15 +679,18 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     else pipe_consume<TY, TX>(p, w != nullptr, round, pr);
     if constexpr (FUSED) {
       // The receive half takes the partials as LOADS_BULK's does (round 28), each consumer warp
-      // through its own ring in the pipeline's memory, once every warp has left the pipeline
-      // (its copies all completed: the consumers waited for each stage) and its mbarriers are
-      // invalidated. The producer warp takes receive items by registers.
+      // through its own ring in the pipeline's memory, once every consumer has left the pipeline
+      // (all its copies completed: the consumers waited for each stage, the last one the
+      // producer's final arrival, after which it touches no barrier) and its mbarriers are
+      // invalidated. The producer warp goes on at once and takes receive items by registers.
       static_assert(pipe_smem_bytes() >= NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8),
                     "the consumers' rings fit the pipeline's memory");
-      __syncthreads();
-      if (threadIdx.x < 2 * PIPE_STAGES) mbar_inval(pr.full + threadIdx.x * 8);
-      __syncthreads();
-      if (warp < PIPE_CONSUMERS) init_warp_ring<TY, N>(ring, reinterpret_cast<char*>(async_smem), warp, lane);
+      if (warp < PIPE_CONSUMERS) {
+        named_barrier(1, PIPE_CONSUMERS * 32);
+        if (threadIdx.x < 2 * PIPE_STAGES) mbar_inval(pr.full + threadIdx.x * 8);
+        named_barrier(1, PIPE_CONSUMERS * 32);
+        init_warp_ring<TY, N>(ring, reinterpret_cast<char*>(async_smem), warp, lane);
+      }
     }
   } else {
     for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;

@@ -27,7 +27,7 @@ struct Params {
   int chunk, nchunks, num_sms;
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
-  int bulk_recv;   // with LOADS_BULK: the fused receive half's partials by bulk copies too
+  int bulk_recv;   // with LOADS_BULK or LOADS_PIPE: the fused receive half's partials by bulk copies too
   long long timeout_ns;
   int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
                     // until it has about this many work items (call_slices)
