@@ -7,10 +7,7 @@ export PYTHONUNBUFFERED=1
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 source scripts/slurm/nvshmem_env.sh nvlink
-if ls .whl/*.whl >/dev/null 2>&1; then
-  [ -d /tmp/site ] || "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
+source scripts/gpu_wheels.sh
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
   echo "building moe_backend._C (log: $out/build.log)"
