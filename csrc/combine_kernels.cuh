@@ -125,7 +125,7 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-// LOADS_PIPE: a block-wide pipeline (pipe_send_items below), nvlink only.
+// LOADS_PIPE: a block-wide pipeline (pipe_produce / pipe_consume below), nvlink only.
 enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_PIPE = 3 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
@@ -479,17 +479,16 @@ __device__ __forceinline__ PipeRing pipe_ring(char* smem) {
 }
 __device__ __forceinline__ int pipe_next(int d) { return d + 1 == PIPE_STAGES ? 0 : d + 1; }
 
-// The producer warp: claims items (t, g, slice) from the work counter, gathers each one's rows
-// and fills a stage per (step, batch of PIPE_RB rows); an item with rows but an empty slice gets
-// one stage without rows, so its flags are still raised. Ends with a PIPE_DONE stage.
+// The producer warp: claims the kernel's items (t, g, slice) below `total` (S slices a token)
+// from the work counter, gathers each one's rows and fills a stage per (step, batch of PIPE_RB
+// rows); an item with rows but an empty slice gets one stage without rows, so its flags are
+// still raised. Ends with a PIPE_DONE stage.
 template <typename TY, int UNIT>
-__device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const float* w, const TY** rows, float* ws,
-                                             const PipeRing& ring) {
+__device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const float* w, long long total, int S,
+                                             const TY** rows, float* ws, const PipeRing& ring) {
   constexpr int STEP = PIPE_ROW_BYTES / (int)sizeof(TY);
   const int lane = threadIdx.x & 31;
-  const int topk = p.topk, H = p.H, M = p.M, G = p.G, S = call_slices(p);
-  const long long nvisit = (long long)(p.state[8] < (unsigned long long)M ? p.state[8] : (unsigned long long)M);
-  const long long total = (long long)G * nvisit * S;
+  const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   int slot = 0;
   unsigned parity = (1u << PIPE_STAGES) - 1;  // a fresh barrier's preceding phase counts as completed
   auto take = [&]() {  // the next stage, once every consumer has left it
@@ -675,7 +674,7 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   stamp_exit(ST_CSEND_LOOP);
   if constexpr (LOADS == LOADS_PIPE) {
     const PipeRing pr = pipe_ring(reinterpret_cast<char*>(async_smem));
-    if (warp == PIPE_CONSUMERS) pipe_produce<TY, 32 * N * C>(p, y, w, sh_rows[0], sh_w[0], pr);
+    if (warp == PIPE_CONSUMERS) pipe_produce<TY, 32 * N * C>(p, y, w, total, S, sh_rows[0], sh_w[0], pr);
     else pipe_consume<TY, TX>(p, w != nullptr, round, pr);
     if constexpr (FUSED) {
       // The receive half takes the partials as LOADS_BULK's does (round 28), each consumer warp

@@ -117,9 +117,6 @@ __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long
 __device__ __forceinline__ void red_add_release_sys(unsigned long long* ptr, unsigned long long v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
-__device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
-}
 // Round-tagged words (the direct table with p.ll_table): each 8-byte word holds a 32-bit value
 // (low half) and the low 32 bits of the round (high half), written by one 8-byte store, and an
 // aligned 8-byte access is single-copy atomic (vector accesses per element), so a reader that

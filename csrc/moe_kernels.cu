@@ -286,9 +286,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
-  // In place of bulk loads, the block-wide pipeline (pipe_send_items; nvlink only: put keeps
-  // the bulk loads). Prepared in round 29, not yet measured: off by default.
-  if (p->comb_loads == LOADS_BULK && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_PIPE", false, true))
+  // In place of bulk loads, the block-wide pipeline (pipe_produce / pipe_consume; nvlink only:
+  // put keeps the bulk loads). Prepared in round 29, not yet measured: off by default.
+  if (p->comb_loads == LOADS_BULK && p->nvl && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_PIPE", false, true))
     p->comb_loads = LOADS_PIPE;
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
@@ -681,7 +681,7 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
       if constexpr (NVL)
         if (p.comb_loads == LOADS_PIPE)
           return launch_send_variant<NVL, TY, TX, N, true, LOADS_PIPE>(p, yp, w, typed<TY>(*rs), blocks, s);
-      if (p.comb_loads == LOADS_BULK || p.comb_loads == LOADS_PIPE)
+      if (p.comb_loads == LOADS_BULK)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_ASYNC)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_ASYNC>(p, yp, w, typed<TY>(*rs), blocks, s);
