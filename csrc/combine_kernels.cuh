@@ -125,8 +125,7 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-// LOADS_PIPE: a block-wide pipeline (pipe_produce / pipe_consume below), nvlink only.
-enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_PIPE = 3 };
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 
 // Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
 // MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
@@ -238,23 +237,6 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
   ring.parity ^= 1u << slot;
   ring.slot = next_slot(slot);
   return ring.stages + slot * stage_bytes;
-}
-
-// Sets `ring` to warp `warp`'s ring in a block's bulk-load shared memory (NWARPS rings, then
-// their mbarriers) and initialises its mbarriers.
-template <typename T, int N>
-__device__ __forceinline__ void init_warp_ring(BulkRing& ring, char* base, int warp, int lane) {
-  ring.stages = base + warp * bulk_warp_bytes<T, N>();
-  auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<T, N>()) + warp * BULK_STAGES;
-  ring.stages_sa = smem_addr(ring.stages);
-  ring.bars_sa = smem_addr(bars);
-  ring.slot = 0;
-  ring.parity = 0;
-  if (lane == 0) {
-    for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);
-    mbar_init_fence();
-  }
-  __syncwarp();
 }
 
 // ws: the rows' weights, read only when `weighted` (a shared array: a pointer that may be null
@@ -426,176 +408,6 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
   return nk;
 }
 
-// ---------------------------------------------------------------------------------------
-// Block-pipelined send items (LOADS_PIPE; MOE_BACKEND_NVSHMEM_COMBINE_PIPE=1 with bulk loads,
-// nvlink). With 24 SMs the per-warp bulk ring (sum_rows_bulk) is issue-bound: of ~390
-// instructions a 4 KB task, ~136 are the sums; issuing the task's copies (~10 a row through
-// the compiler's loop over the lanes) and the ring's bookkeeping are most of the rest, and a
-// warp's ring cannot grow (16 warps x 12 KB fill the shared memory). Here one producer warp
-// claims the items and issues every copy into a block-wide ring of PIPE_STAGES stages of
-// PIPE_RB rows x 8 KB, and the block's other PIPE_CONSUMERS warps each sum their own 512-byte
-// column of every stage (one 16-byte vector a lane and row), so a copy is issued once for
-// sixteen warps and five of the six stages are in flight. Same adds in the same order as
-// sum_rows (row j ascending from 0.0f, weights by __fmul_rn, no FMA). An item's flags are
-// released after the consumers' barrier that follows its last stage. The fused receive half
-// then takes the partials by bulk copies as LOADS_BULK's does, each consumer warp through its own
-// ring in the memory the pipeline leaves.
-constexpr int PIPE_CONSUMERS = NWARPS;
-constexpr int PIPE_WARPS = PIPE_CONSUMERS + 1;  // the last one produces
-constexpr int PIPE_RB = 4;
-constexpr int PIPE_ROW_BYTES = PIPE_CONSUMERS * 32 * 16;
-constexpr int PIPE_STAGES = 6;
-// Warps per block of the combine send with these row loads.
-constexpr int send_warps(int loads) { return loads == LOADS_PIPE ? PIPE_WARPS : NWARPS; }
-enum PipeFlags : int { PIPE_FIRST = 1, PIPE_LAST = 2, PIPE_ITEM_END = 4, PIPE_DONE = 8 };
-// What the producer tells the consumers of a stage (written before its arrival on `full`): the
-// stage (by lane 0) and its rows' weights (by the rows' lanes: apart, so no two lanes write one word).
-struct PipeStage {
-  int h, width, nr, flags;  // the step's first element, its elements, the stage's rows, PipeFlags
-  int t, g, sl, pad;        // the item
-};
-struct PipeHeader {
-  PipeStage s;
-  float w[PIPE_RB];
-};
-static_assert(sizeof(PipeHeader) % 8 == 0, "the mbarriers after the headers stay 8-byte aligned");
-static_assert(PIPE_CONSUMERS * 32 == NTHREADS, "a consumer lane per 16 bytes of a stage row");
-// Dynamic shared memory: the stages, then the headers, then the full and empty mbarriers.
-constexpr int pipe_smem_bytes() {
-  return PIPE_STAGES * (PIPE_RB * PIPE_ROW_BYTES + (int)sizeof(PipeHeader) + 16);
-}
-struct PipeRing {
-  char* stages;
-  PipeHeader* hdr;
-  unsigned full, empty;  // shared-memory addresses of the first full / empty mbarrier
-};
-__device__ __forceinline__ PipeRing pipe_ring(char* smem) {
-  PipeRing r;
-  r.stages = smem;
-  r.hdr = reinterpret_cast<PipeHeader*>(smem + PIPE_STAGES * PIPE_RB * PIPE_ROW_BYTES);
-  r.full = smem_addr(r.hdr + PIPE_STAGES);
-  r.empty = r.full + PIPE_STAGES * 8;
-  return r;
-}
-__device__ __forceinline__ int pipe_next(int d) { return d + 1 == PIPE_STAGES ? 0 : d + 1; }
-
-// The producer warp: claims the kernel's items (t, g, slice) below `total` (S slices a token)
-// from the work counter, gathers each one's rows and fills a stage per (step, batch of PIPE_RB
-// rows); an item with rows but an empty slice gets one stage without rows, so its flags are
-// still raised. Ends with a PIPE_DONE stage.
-template <typename TY, int UNIT>
-__device__ __forceinline__ void pipe_produce(const Params& p, const TY* y, const float* w, long long total, int S,
-                                             const TY** rows, float* ws, const PipeRing& ring) {
-  constexpr int STEP = PIPE_ROW_BYTES / (int)sizeof(TY);
-  const int lane = threadIdx.x & 31;
-  const int topk = p.topk, H = p.H, M = p.M, G = p.G;
-  int slot = 0;
-  unsigned parity = (1u << PIPE_STAGES) - 1;  // a fresh barrier's preceding phase counts as completed
-  auto take = [&]() {  // the next stage, once every consumer has left it
-    mbar_wait(ring.empty + slot * 8, (parity >> slot) & 1u);
-    parity ^= 1u << slot;
-  };
-  auto publish = [&](const PipeStage& hd, const TY* const* src, const float* wsrc, unsigned bytes) {
-    if (lane == 0) ring.hdr[slot].s = hd;
-    if (lane < hd.nr) ring.hdr[slot].w[lane] = wsrc[lane];
-    __syncwarp();  // the header before lane 0's arrival (a release)
-    const unsigned bar = ring.full + slot * 8;
-    if (lane == 0) mbar_arrive_expect(bar, (unsigned)hd.nr * bytes);
-    if (lane < hd.nr)
-      bulk_load(smem_addr(ring.stages) + (slot * PIPE_RB + lane) * PIPE_ROW_BYTES, src[lane] + hd.h, bytes, bar);
-    slot = pipe_next(slot);
-  };
-  // The next item is claimed when this one starts, so the counter's atomic overlaps its stages.
-  unsigned long long claim = lane == 0 ? atomicAdd(&p.state[2], 1ULL) : 0ULL;
-  for (;;) {
-    const long long i = (long long)__shfl_sync(0xffffffffu, claim, 0);
-    if (i >= total) break;
-    if (lane == 0) claim = atomicAdd(&p.state[2], 1ULL);
-    const int sl = (int)(i % S);
-    const int t = (int)(i / S / G), g = (int)(i / S % G);
-    const int nk = gather_rows(p.rowmap + ((long long)g * M + t) * topk, topk, H, y, w, rows, ws, lane);
-    if (nk == 0) continue;
-    int h0, h1;
-    slice_range(H, S, sl, UNIT, h0, h1);
-    if (h1 <= h0) {
-      take();
-      publish(PipeStage{h0, 0, 0, PIPE_ITEM_END, t, g, sl, 0}, rows, ws, 0u);
-      __syncwarp();  // every lane has read rows[] before the next item's gather writes it
-      continue;
-    }
-    for (int h = h0; h < h1; h += STEP) {
-      const int width = min(STEP, h1 - h);
-      for (int j0 = 0; j0 < nk; j0 += PIPE_RB) {
-        const bool last = j0 + PIPE_RB >= nk;
-        const int flags = (j0 == 0 ? PIPE_FIRST : 0) | (last ? PIPE_LAST : 0) | (last && h + STEP >= h1 ? PIPE_ITEM_END : 0);
-        take();
-        publish(PipeStage{h, width, min(PIPE_RB, nk - j0), flags, t, g, sl, 0}, rows + j0, ws + j0,
-                (unsigned)(width * (int)sizeof(TY)));
-      }
-    }
-    __syncwarp();  // every lane has read rows[] before the next item's gather writes it
-  }
-  take();
-  publish(PipeStage{0, 0, 0, PIPE_DONE, 0, 0, 0, 0}, rows, ws, 0u);
-}
-
-// A consumer warp: sums its column of each stage, emits its part of a step's partial after the
-// step's last stage, and after an item's last stage meets the other consumers at barrier 1;
-// then one warp, a different one each item (a system-scope release stalls its warp), releases
-// the item's flags at every replica.
-template <typename TY, typename TX>
-__device__ __forceinline__ void pipe_consume(const Params& p, bool weighted, unsigned long long round,
-                                             const PipeRing& ring) {
-  constexpr int V = 16 / (int)sizeof(TY);  // elements of a lane's vector
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int col = (warp * 32 + lane) * V;  // this lane's first element of a step
-  const int S = call_slices(p);
-  float acc[1][V];
-  int slot = 0, releaser = 0;  // the warp that releases the next item's flags
-  unsigned parity = 0;
-  for (;;) {
-    mbar_wait(ring.full + slot * 8, (parity >> slot) & 1u);
-    parity ^= 1u << slot;
-    const PipeStage& hd = ring.hdr[slot].s;
-    const float* wts = ring.hdr[slot].w;
-    const int flags = hd.flags;
-    if (flags & PIPE_DONE) break;
-    const int h = hd.h, nr = hd.nr, t = hd.t, g = hd.g, sl = hd.sl;
-    const bool mine = col < hd.width && nr > 0;
-    if (mine) {
-      const char* st = ring.stages + slot * PIPE_RB * PIPE_ROW_BYTES + (warp * 32 + lane) * 16;
-      auto add = [&](int r, auto first) {
-        VecT<TY, V> raw[1];
-        raw[0] = *reinterpret_cast<const VecT<TY, V>*>(st + r * PIPE_ROW_BYTES);
-        if (weighted) add_row_scaled<TY, V, 1, true, decltype(first)::value>(acc, raw, wts[r]);
-        else add_row_scaled<TY, V, 1, false, decltype(first)::value>(acc, raw, 1.0f);
-      };
-      if (flags & PIPE_FIRST) add(0, std::true_type{});
-      else add(0, std::false_type{});
-      if (nr == PIPE_RB) {
-#pragma unroll
-        for (int r = 1; r < PIPE_RB; ++r) add(r, std::false_type{});
-      } else {
-        for (int r = 1; r < nr; ++r) add(r, std::false_type{});
-      }
-    }
-    __syncwarp();  // every lane has read the stage
-    if (lane == 0) mbar_arrive(ring.empty + slot * 8);
-    slot = pipe_next(slot);
-    const long long dst_off = p.off_comb + ((long long)p.rank * p.M + t) * p.part_bytes;
-    if ((flags & PIPE_LAST) && mine)
-      for (int q = 0; q < p.tp; ++q) store_n<TX, V>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + h + col, acc[0]);
-    if (flags & PIPE_ITEM_END) {
-      // The release store orders every consumer's partial stores, which the barrier ordered before it.
-      __syncwarp();  // bar.sync wants the whole warp
-      named_barrier(1, PIPE_CONSUMERS * 32);
-      if (warp == releaser && lane < p.tp)
-        st_release_sys(sigp(p, p.peer[g * p.tp + lane], sig_comb(p, p.rank, t, sl, S)), round);
-      releaser = releaser + 1 == PIPE_CONSUMERS ? 0 : releaser + 1;
-    }
-  }
-}
-
 // What a combine receive needs (the fused send kernel's receive half; unused otherwise).
 // The host passes RecvArgs<void> around and types it at the launch.
 template <typename TO>
@@ -632,10 +444,8 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   __shared__ float sh_w[NWARPS][64];
   const unsigned long long round = combine_round(p);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // LOADS_BULK: this warp's, for its send items and then its receive items; LOADS_PIPE: a
-  // consumer warp's, for its receive items, in the memory the pipeline leaves.
-  BulkRing ring{};
-  if constexpr (LOADS == LOADS_BULK) {  // init_warp_ring's body: called, it reordered this measured kernel's SASS
+  BulkRing ring{};  // LOADS_BULK: this warp's, for its send items and then its receive items
+  if constexpr (LOADS == LOADS_BULK) {
     char* base = reinterpret_cast<char*>(async_smem);
     ring.stages = base + warp * bulk_warp_bytes<TY, N>();
     auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
@@ -646,16 +456,6 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
       mbar_init_fence();
     }
     __syncwarp();
-  }
-  static_assert(NVL || LOADS != LOADS_PIPE, "the block pipeline stores its partials over nvlink");
-  if constexpr (LOADS == LOADS_PIPE) {
-    if (threadIdx.x == 0) {
-      const PipeRing pr = pipe_ring(reinterpret_cast<char*>(async_smem));
-      auto* full = reinterpret_cast<unsigned long long*>(pr.hdr + PIPE_STAGES);
-      for (int d = 0; d < PIPE_STAGES; ++d) mbar_init(full + d, 1), mbar_init(full + PIPE_STAGES + d, PIPE_CONSUMERS);
-      mbar_init_fence();
-    }
-    __syncthreads();
   }
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (const int r = entering_peer(p); r >= 0) {
@@ -672,114 +472,91 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
   const long long total = (long long)G * nvisit * S;
   const long long stride = (long long)gridDim.x * NWARPS;
   stamp_exit(ST_CSEND_LOOP);
-  if constexpr (LOADS == LOADS_PIPE) {
-    const PipeRing pr = pipe_ring(reinterpret_cast<char*>(async_smem));
-    if (warp == PIPE_CONSUMERS) pipe_produce<TY, 32 * N * C>(p, y, w, total, S, sh_rows[0], sh_w[0], pr);
-    else pipe_consume<TY, TX>(p, w != nullptr, round, pr);
-    if constexpr (FUSED) {
-      // The receive half takes the partials as LOADS_BULK's does (round 28), each consumer warp
-      // through its own ring in the pipeline's memory, once every consumer has left the pipeline
-      // (all its copies completed: the consumers waited for each stage, the last one the
-      // producer's final arrival, after which it touches no barrier) and its mbarriers are
-      // invalidated. The producer warp goes on at once and takes receive items by registers.
-      static_assert(pipe_smem_bytes() >= NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8),
-                    "the consumers' rings fit the pipeline's memory");
-      if (warp < PIPE_CONSUMERS) {
-        named_barrier(1, PIPE_CONSUMERS * 32);
-        if (threadIdx.x < 2 * PIPE_STAGES) mbar_inval(pr.full + threadIdx.x * 8);
-        named_barrier(1, PIPE_CONSUMERS * 32);
-        init_warp_ring<TY, N>(ring, reinterpret_cast<char*>(async_smem), warp, lane);
-      }
-    }
-  } else {
-    for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
-         i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
-      const int sl = (int)(i % S);
-      const int t = (int)(i / S / G), g = (int)(i / S % G);
-      const long long u = (long long)g * M + t;
-      const int nk = gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
-      if (nk == 0) continue;
-      stamp_exit(ST_CSEND_ROWS);
-      const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
-      TX* stage = nullptr;
-      if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
-      // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
-      // own arena, a local store on any transport; only the other replicas' copies are staged and
-      // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
-      const int self_q = !NVL && g == p.group ? p.replica : -1;  // this rank among group g's replicas
-      const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
-      int h0, h1;
-      slice_range(H, S, sl, 32 * N * C, h0, h1);
-      // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
-      // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
-      // each replica's address per chunk); the others, when tp > 1, in a loop.
-      TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
-      auto emit = [&](int h, float (&acc)[C][N]) {
-  #pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const int hh = h + c * 32 * N;
-          if (hh < h1) {
-            if constexpr (NVL) {
-              store_n<TX, N>(dst0 + hh, acc[c]);
-  #pragma unroll 1
-              for (int q = 1; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
-            } else {
-              if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
-              if (staged) store_n<TX, N>(stage + hh, acc[c]);
-            }
+  for (long long i = FUSED ? next_item<true>(&p.state[2], 0, 0, lane) : (long long)warp * gridDim.x + blockIdx.x;
+       i < total; i = next_item<FUSED>(&p.state[2], i, stride, lane)) {
+    const int sl = (int)(i % S);
+    const int t = (int)(i / S / G), g = (int)(i / S % G);
+    const long long u = (long long)g * M + t;
+    const int nk = gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
+    if (nk == 0) continue;
+    stamp_exit(ST_CSEND_ROWS);
+    const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
+    TX* stage = nullptr;
+    if constexpr (!NVL) stage = reinterpret_cast<TX*>(p.sym + p.off_stage_comb + u * p.part_bytes);
+    // put: the copy for this rank itself (replica self_q of group g) is stored straight into its
+    // own arena, a local store on any transport; only the other replicas' copies are staged and
+    // put (the staging's write and read-back cost the prefill combine ~117 MB of HBM traffic).
+    const int self_q = !NVL && g == p.group ? p.replica : -1;  // this rank among group g's replicas
+    const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
+    int h0, h1;
+    slice_range(H, S, sl, 32 * N * C, h0, h1);
+    // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
+    // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
+    // each replica's address per chunk); the others, when tp > 1, in a loop.
+    TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
+    auto emit = [&](int h, float (&acc)[C][N]) {
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const int hh = h + c * 32 * N;
+        if (hh < h1) {
+          if constexpr (NVL) {
+            store_n<TX, N>(dst0 + hh, acc[c]);
+#pragma unroll 1
+            for (int q = 1; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
+          } else {
+            if (self_q >= 0) store_n<TX, N>(reinterpret_cast<TX*>(p.sym + dst_off) + hh, acc[c]);
+            if (staged) store_n<TX, N>(stage + hh, acc[c]);
           }
         }
-      };
-      if constexpr (LOADS == LOADS_BULK) {
-        sum_rows_bulk<TY, N>(sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, ring, emit);
-      } else if constexpr (LOADS == LOADS_ASYNC) {
-        sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
-                                  async_smem + warp * async_warp_int4s<TY, N>(), emit);
-      } else {
-        for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-          float acc[C][N];
-          sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
-          emit(h, acc);
-        }
       }
-      __syncwarp();
-      stamp_exit(ST_CSEND_SUMMED);
-      if constexpr (NVL) {
-        // The release store alone orders the warp's partial stores before the flag (cumulative
-        // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
-        // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
-        if (lane == 0) {
-          stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
-          for (int q = 0; q < p.tp; ++q)
-            st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl, S)), round);
-        }
-      } else {
-        uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl, S)));
-        for (int q = 0; q < p.tp; ++q) {
-          if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
-            if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
-          } else if (h1 > h0)
-            nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
-                                            (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
-                                            p.pe[g * p.tp + q]);
-          else if (lane == 0)
-            nvshmemx_signal_op(sig, round, NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
-        }
+    };
+    if constexpr (LOADS == LOADS_BULK) {
+      sum_rows_bulk<TY, N>(sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, ring, emit);
+    } else if constexpr (LOADS == LOADS_ASYNC) {
+      sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
+                                async_smem + warp * async_warp_int4s<TY, N>(), emit);
+    } else {
+      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+        float acc[C][N];
+        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
+        emit(h, acc);
       }
-      __syncwarp();
     }
+    __syncwarp();
+    stamp_exit(ST_CSEND_SUMMED);
+    if constexpr (NVL) {
+      // The release store alone orders the warp's partial stores before the flag (cumulative
+      // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
+      // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
+      if (lane == 0) {
+        stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
+        for (int q = 0; q < p.tp; ++q)
+          st_release_sys(sigp(p, p.peer[g * p.tp + q], sig_comb(p, p.rank, t, sl, S)), round);
+      }
+    } else {
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl, S)));
+      for (int q = 0; q < p.tp; ++q) {
+        if (q == self_q) {  // the release store orders the warp's local stores (__syncwarp above)
+          if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(sig), round);
+        } else if (h1 > h0)
+          nvshmemx_putmem_signal_nbi_warp(p.sym + dst_off + (long long)h0 * sizeof(TX), stage + h0,
+                                          (size_t)(h1 - h0) * sizeof(TX), sig, round, NVSHMEM_SIGNAL_SET,
+                                          p.pe[g * p.tp + q]);
+        else if (lane == 0)
+          nvshmemx_signal_op(sig, round, NVSHMEM_SIGNAL_SET, p.pe[g * p.tp + q]);
+      }
+    }
+    __syncwarp();
   }
   stamp_exit(ST_CSEND_ITEMS);
   if constexpr (FUSED) {
-    __shared__ const TX* sh_src[send_warps(LOADS)][MAXW];
+    __shared__ const TX* sh_src[NWARPS][MAXW];
     // Two rows per load batch: a token's partials come from at most W ranks (2 at EP2), and
     // the send's register budget holds.
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
-    constexpr bool can_bulk = (LOADS == LOADS_BULK || LOADS == LOADS_PIPE) && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    const bool has_ring = LOADS != LOADS_PIPE || warp < PIPE_CONSUMERS;
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], send_warps(LOADS), ring,
-                                           can_bulk && has_ring && p.bulk_recv);
+    constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
+    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);

@@ -27,7 +27,7 @@ struct Params {
   int chunk, nchunks, num_sms;
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
-  int bulk_recv;   // with LOADS_BULK or LOADS_PIPE: the fused receive half's partials by bulk copies too
+  int bulk_recv;   // with LOADS_BULK: the fused receive half's partials by bulk copies too
   long long timeout_ns;
   int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
                     // until it has about this many work items (call_slices)
@@ -168,18 +168,6 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 // barrier by its smem_addr).
 __device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Arrives once (release: this thread's earlier reads and writes come first).
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Ends the barrier's life, so its memory may serve another purpose (a new barrier included).
-__device__ __forceinline__ void mbar_inval(unsigned bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-// Named barrier `id` (not 0: __syncthreads' own) of `count` threads, whole warps.
-__device__ __forceinline__ void named_barrier(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 // Waits until the phase of the given parity has completed (every arrival and every byte in).
 // Not bounded by timeout_ns like the waits for peers: it waits for this SM's own bulk copies

@@ -286,10 +286,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
-  // In place of bulk loads, the block-wide pipeline (pipe_produce / pipe_consume; nvlink only:
-  // put keeps the bulk loads). Prepared in round 29, not yet measured: off by default.
-  if (p->comb_loads == LOADS_BULK && p->nvl && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_PIPE", false, true))
-    p->comb_loads = LOADS_PIPE;
   // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
   // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
   cx->comb_fused = !cx->comb_overlap &&
@@ -655,16 +651,14 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
                                cudaStream_t s) {
   constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
                        : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
-                       : LOADS == LOADS_PIPE ? pipe_smem_bytes()
                                              : 0;
-  constexpr int threads = send_warps(LOADS) * 32;
   static const int regs = [] {
     if (smem)
       CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, threads, FUSED);
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, NTHREADS, FUSED);
   }();
-  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, threads, smem, s>>>(p, y, w, ra);
+  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
 }
 
@@ -678,9 +672,6 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
   if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
-      if constexpr (NVL)
-        if (p.comb_loads == LOADS_PIPE)
-          return launch_send_variant<NVL, TY, TX, N, true, LOADS_PIPE>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_BULK)
         return launch_send_variant<NVL, TY, TX, N, true, LOADS_BULK>(p, yp, w, typed<TY>(*rs), blocks, s);
       if (p.comb_loads == LOADS_ASYNC)

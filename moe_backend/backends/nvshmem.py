@@ -34,10 +34,7 @@ GPU (`num_sms`) its send pipelines the expert-row loads through shared memory (c
 `MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1` forces it off / on); with at most half it loads them
 by bulk copies into a per-warp ring (`MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1`), and its receive
 half then takes the partials by bulk copies through the same ring
-(`MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV=0` keeps register loads there). On nvlink,
-`MOE_BACKEND_NVSHMEM_COMBINE_PIPE=1` replaces the send's bulk loads by a block-wide pipeline
-(one warp issues every copy, sixteen sum their columns; the receive half keeps its per-warp
-rings, in the pipeline's memory): prepared in round 29, off by default until measured.
+(`MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV=0` keeps register loads there).
 Each combine call cuts a token's partial into slices (a warp and a flag each) until it has about
 1024 work items (`MOE_BACKEND_NVSHMEM_COMBINE_ITEMS`), from the round's largest token count.
 The copy kernel of the dispatch receive cuts each token's row into pieces, one warp each,

@@ -117,19 +117,6 @@ def _contract_with_few_sms(seed, count):
     _workers.graph_worker(seed, "nvlink", 3, tokens=1100, num_sms=4)
 
 
-def test_contract_suite_with_combine_pipe():
-    """The block-pipelined combine send (MOE_BACKEND_NVSHMEM_COMBINE_PIPE=1, round 29) in place of
-    the bulk loads of test_contract_suite_with_few_sms: one producer warp, sixteen consumer
-    warps, the flags released after their barrier; bit-exact on nvlink (put keeps the bulk
-    loads), in rounds and CUDA-graph replays of the fused combine too."""
-    _spawn(_contract_with_combine_pipe, 9, max(4, COUNT // 3))
-
-
-def _contract_with_combine_pipe(seed, count):
-    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_PIPE"] = "1"  # read when an arena is created
-    _contract_with_few_sms(seed, count)
-
-
 def test_contract_suite_copy_variants():
     """The dispatch copy's launch and work-item variants (docs/KERNELS.md, round 13): one warp
     per token without the programmatic launch (MOE_BACKEND_NVSHMEM_COPY_PIECES=1,

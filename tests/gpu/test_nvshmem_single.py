@@ -79,13 +79,11 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
 # brought into shared memory, by default only with at most half the GPU (the few-SM test); its
 # receive half then takes the partials by bulk copies too, through the ring the send left.
-# "pipe": the block-wide pipeline in place of the bulk loads on nvlink (put keeps them).
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
-    "pipe": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1", "MOE_BACKEND_NVSHMEM_COMBINE_PIPE": "1"},
 }
 
 
