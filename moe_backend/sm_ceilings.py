@@ -2,8 +2,9 @@
 fewer SMs than the GPU has (`--sms`).
 
 A probe kernel (`rate_probe`: one 1024-thread block per SM, 8 16-byte words in flight per
-thread) streams a buffer four ways: loads from this GPU's memory, stores to it (by SM stores,
-and by 16 KB bulk (TMA) copies from shared memory), and stores to the peer's memory over
+thread) streams a buffer five ways: loads from this GPU's memory (by SM loads, and by 1 KB bulk
+(TMA) copies into shared memory in the few-SM combine's ring shape), stores to it (by SM
+stores, and by 16 KB bulk copies from shared memory), and stores to the peer's memory over
 NVLink (every rank at once, as in a dispatch). The combine send, for
 example, must load every expert row (~470 MB per GPU at the DeepSeek prefill shape): no
 combine given N SMs can beat those bytes at the N-SM load rate.
@@ -21,9 +22,9 @@ PEER_BYTES = 64 << 20
 
 
 def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: int = 10) -> dict[str, dict] | None:
-    """{"<n>_sms": {"sms": n, "load": GB/s, "store": GB/s, "bulk_store": GB/s, "nvlink_store": GB/s}} for every
-    SM count in `sms` and the whole GPU; local rates from rank 0's GPU, the NVLink rate from
-    the slowest rank (absent where a peer is not reachable). None where it cannot run.
+    """{"<n>_sms": {"sms": n, "load": GB/s, "bulk_load": GB/s, "store": GB/s, "bulk_store": GB/s,
+    "nvlink_store": GB/s}} for every SM count in `sms` and the whole GPU; local rates from rank 0's
+    GPU, the NVLink rate from the slowest rank (absent where a peer is not reachable). None where it cannot run.
     Collective: call on every rank."""
     from .backends import nvshmem_available
 
@@ -51,7 +52,7 @@ def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: 
 
 
 def _local_rates(o, device: torch.device, counts: list[int], iters: int) -> dict[int, dict[str, float]]:
-    """Load, store and bulk-store GB/s of this GPU's memory for each SM count."""
+    """Load, bulk-load, store and bulk-store GB/s of this GPU's memory for each SM count."""
     src = torch.randint(0, 255, (LOCAL_BYTES,), dtype=torch.uint8, device=device)
     dst = torch.empty(LOCAL_BYTES, dtype=torch.uint8, device=device)
     sink = torch.zeros(max(counts) * 16, dtype=torch.uint8, device=device)  # one word per block
@@ -59,8 +60,10 @@ def _local_rates(o, device: torch.device, counts: list[int], iters: int) -> dict
     rates = {}
     for n in counts:
         load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 1, n, i), iters)
+        bulk_load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 3, n, i), iters)
         store = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 0, n, i), iters)
         bulk = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 2, n, i), iters)
-        rates[n] = {"load": LOCAL_BYTES / load / 1e9, "store": LOCAL_BYTES / store / 1e9,
+        rates[n] = {"load": LOCAL_BYTES / load / 1e9, "bulk_load": LOCAL_BYTES / bulk_load / 1e9,
+                    "store": LOCAL_BYTES / store / 1e9,
                     "bulk_store": LOCAL_BYTES / bulk / 1e9}
     return rates

@@ -99,11 +99,12 @@ def test_table_and_plot_show_the_latency_floor_and_memory_rates(tmp_path) -> Non
         "latency_floor_us": {"1_launch": {"p10": 5.0, "median": 6.0, "p90": 7.0},
                              "2_launches": {"p10": 9.0, "median": 10.5, "p90": 12.0}},
         "local_memory_gbps": {"copy": 4100.4, "write": 3300.6, "replicate_x4": 2900.2},
-        "sm_ceilings_gbps": {"132_sms": {"sms": 132, "load": 3900.2, "store": 4200.0, "bulk_store": 4100.0,
-                                         "nvlink_store": 350.4},
+        "sm_ceilings_gbps": {"132_sms": {"sms": 132, "load": 3900.2, "bulk_load": 3700.0, "store": 4200.0,
+                                         "bulk_store": 4100.0, "nvlink_store": 350.4},
                              "24_sms": {"sms": 24, "load": 1100.0, "store": 1500.0}}}
     text = bench.format_table(report)
-    assert "probe kernel on 132 SMs (GB/s): load 3900, store 4200, bulk store 4100, nvlink store 350" in text
+    assert ("probe kernel on 132 SMs (GB/s): load 3900, bulk load 3700, store 4200, bulk store 4100, "
+            "nvlink store 350") in text
     assert "probe kernel on 24 SMs (GB/s): load 1100, store 1500\n" in text
     assert "latency floor (NVLink store + wait, every peer): 1 launch 6.0 us, 2 launches 10.5 us" in text
     assert ("within-GPU memory traffic (read + write): copy 4100 GB/s, write-only 3301 GB/s, "

@@ -114,3 +114,24 @@ def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     must carry each round's tag, replay after replay."""
     print(f"seed={SEED}")
     launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
+
+
+def test_bulk_load_probe_loads_every_stage() -> None:
+    """The benchmark's bulk-load ceiling (rate_probe mode 3: 1 KB bulk copies in the few-SM
+    combine's ring shape) really loads: the XOR of the blocks' words is the XOR of the first
+    word of every 4 KB stage, a short last stage included, for any block count."""
+    device = torch.device("cuda", 0)
+    o = torch.ops.moe_backend
+    gen = torch.Generator(device=device).manual_seed(SEED)
+    src = torch.randint(-(2**31), 2**31 - 1, ((1 << 22) // 4,), dtype=torch.int32, device=device, generator=gen)
+    for nbytes, blocks in ((src.numel() * 4, 24), (src.numel() * 4 - 48, 5), (4096 * 7 + 32, 132)):
+        blocks = min(blocks, torch.cuda.get_device_properties(device).multi_processor_count)
+        sink = torch.zeros(blocks * 4, dtype=torch.int32, device=device)  # a 16-byte word per block
+        o.rate_probe(sink.data_ptr(), src.data_ptr(), nbytes, 3, blocks, device.index)
+        torch.cuda.synchronize(device)
+        got = want = 0
+        for v in sink.view(-1, 4)[:, 0].tolist():
+            got ^= v
+        for v in src[: (nbytes + 4095) // 4096 * 1024 : 1024].tolist():
+            want ^= v
+        assert got == want, (nbytes, blocks, got, want)
