@@ -113,16 +113,17 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
 }
 
-// Mode 3: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM combine
-// send's ring (sum_rows_bulk): 16 warps a block, each with PROBE_LOAD_STAGES stages of
-// PROBE_LOAD_PIECES copies of PROBE_LOAD_PIECE bytes on one mbarrier, lane 0 issuing a stage as
+// Modes 3 and 4: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM
+// combine send's ring (sum_rows_bulk): 16 warps a block, each with PROBE_LOAD_STAGES stages of
+// PROBE_LOAD_STAGE bytes on one mbarrier, filled by copies of PIECE bytes (mode 3: 1 KB, as the
+// combine's row pieces; mode 4: the whole 4 KB stage in one copy), lane 0 issuing a stage as
 // soon as the one it refills has landed (192 KB in flight per SM). Does that ring load as fast
 // as SM loads when few SMs are given? Each stage's first word is XORed into the block's word
 // of dst, so the loads are kept and checkable (the XOR over the blocks is the XOR of every
 // stage's first word).
-constexpr int PROBE_LOAD_WARPS = 16, PROBE_LOAD_STAGES = 3, PROBE_LOAD_PIECES = 4, PROBE_LOAD_PIECE = 1024;
-constexpr int PROBE_LOAD_STAGE = PROBE_LOAD_PIECES * PROBE_LOAD_PIECE;
+constexpr int PROBE_LOAD_WARPS = 16, PROBE_LOAD_STAGES = 3, PROBE_LOAD_STAGE = 4096;
 constexpr int PROBE_LOAD_SMEM = PROBE_LOAD_WARPS * PROBE_LOAD_STAGES * PROBE_LOAD_STAGE;
+template <int PIECE>
 __global__ void __launch_bounds__(PROBE_LOAD_WARPS * 32, 1) bulk_load_probe_kernel(int4* dst, const char* src,
                                                                                    long long nbytes) {
   extern __shared__ int4 stages_raw[];  // 16-byte aligned, as the bulk copies want
@@ -149,31 +150,41 @@ __global__ void __launch_bounds__(PROBE_LOAD_WARPS * 32, 1) bulk_load_probe_kern
     const unsigned bytes = (unsigned)(nbytes - off < PROBE_LOAD_STAGE ? nbytes - off : PROBE_LOAD_STAGE);
     const unsigned bar = smem_addr(&bars[warp][slot]);
     mbar_arrive_expect(bar, bytes);
-    for (unsigned i = 0; i < bytes; i += PROBE_LOAD_PIECE)
-      bulk_load(base + slot * PROBE_LOAD_STAGE + i, src + off + i, bytes - i < PROBE_LOAD_PIECE ? bytes - i : PROBE_LOAD_PIECE,
-                bar);
+    for (unsigned i = 0; i < bytes; i += PIECE)
+      bulk_load(base + slot * PROBE_LOAD_STAGE + i, src + off + i, bytes - i < PIECE ? bytes - i : PIECE, bar);
   }
   for (long long j = k > PROBE_LOAD_STAGES ? k - PROBE_LOAD_STAGES : 0; j < k; ++j) take(j);
   atomicXor(reinterpret_cast<int*>(dst + blockIdx.x), acc);
 }
 
+template <int PIECE>
+static void launch_bulk_load_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t blocks) {
+  static const bool sized = [] {  // more than the default 48 KB of dynamic shared memory, once
+    CUDA_OK(cudaFuncSetAttribute(bulk_load_probe_kernel<PIECE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 PROBE_LOAD_SMEM));
+    return true;
+  }();
+  (void)sized;
+  const cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  bulk_load_probe_kernel<PIECE><<<(int)blocks, PROBE_LOAD_WARPS * 32, PROBE_LOAD_SMEM, s>>>(
+      reinterpret_cast<int4*>(dst), reinterpret_cast<const char*>(src), nbytes);
+}
+
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  MOE_CHECK(mode >= 0 && mode <= 3,
-            "rate_probe: mode must be 0 (stores), 1 (loads), 2 (bulk stores) or 3 (bulk loads), got ", mode);
+  MOE_CHECK(mode >= 0 && mode <= 4,
+            "rate_probe: mode must be 0 (stores), 1 (loads), 2 (bulk stores), 3 (1 KB bulk loads) or 4 (4 KB bulk "
+            "loads), got ",
+            mode);
+  const bool loads = mode == 1 || mode >= 3;
   MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
   MOE_CHECK(blocks >= 1 && blocks <= num_sms(device), "rate_probe: blocks must be 1..", num_sms(device), ", got ",
             blocks);
-  MOE_CHECK(dst != 0 && dst % 16 == 0 && (mode % 2 == 0 || (src != 0 && src % 16 == 0)),
+  MOE_CHECK(dst != 0 && dst % 16 == 0 && (!loads || (src != 0 && src % 16 == 0)),
             "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
-  if (mode == 3) {
-    static const bool sized = [] {  // more than the default 48 KB of dynamic shared memory, once
-      CUDA_OK(cudaFuncSetAttribute(bulk_load_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PROBE_LOAD_SMEM));
-      return true;
-    }();
-    (void)sized;
-    bulk_load_probe_kernel<<<(int)blocks, PROBE_LOAD_WARPS * 32, PROBE_LOAD_SMEM, c10::cuda::getCurrentCUDAStream()>>>(
-        reinterpret_cast<int4*>(dst), reinterpret_cast<const char*>(src), nbytes);
+  if (mode >= 3) {
+    if (mode == 3) launch_bulk_load_probe<1024>(dst, src, nbytes, blocks);
+    else launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
   } else if (mode == 2)
     bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<char*>(dst), nbytes);

@@ -195,7 +195,8 @@ def _sm_ceilings():
     assert got is not None and [e["sms"] for e in got.values()][-1] == 24, got
     whole, few = got.values()
     for entry in got.values():
-        assert all(entry[k] > 0 for k in ("load", "bulk_load", "store", "bulk_store", "nvlink_store")), got
+        rates = ("load", "bulk_load", "bulk_load_4kb", "store", "bulk_store", "nvlink_store")
+        assert all(entry[k] > 0 for k in rates), got
     assert few["load"] <= whole["load"] * 1.1 and few["nvlink_store"] <= whole["nvlink_store"] * 1.1, got
     o = rt.ops()
     dst = torch.full((1 << 20,), -1, dtype=torch.int32, device=device)
@@ -210,9 +211,9 @@ def _sm_ceilings():
         assert bool((rest == -1).all()), (mode, rest)
     # A bad argument raises, with the number in the message (this crashed the process before
     # the numbers were formatted by msg() in csrc/host_checks.h).
-    modes = r"mode must be 0 \(stores\), 1 \(loads\), 2 \(bulk stores\) or 3 \(bulk loads\)"
-    with pytest.raises(RuntimeError, match=modes + ", got 4"):
-        o.rate_probe(dst.data_ptr(), 0, 64, 4, 1, device.index)
+    modes = r"mode must be 0 \(stores\), 1 \(loads\), 2 \(bulk stores\), 3 \(1 KB bulk loads\) or 4 \(4 KB bulk loads\)"
+    with pytest.raises(RuntimeError, match=modes + ", got 5"):
+        o.rate_probe(dst.data_ptr(), 0, 64, 5, 1, device.index)
     with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):
         o.ping(torch.zeros(1, dtype=torch.int32, device=device), dst.data_ptr(), [dst.data_ptr()], 0, 1, 3, 1000)
 

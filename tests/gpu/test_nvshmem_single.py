@@ -117,21 +117,23 @@ def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
 
 
 def test_bulk_load_probe_loads_every_stage() -> None:
-    """The benchmark's bulk-load ceiling (rate_probe mode 3: 1 KB bulk copies in the few-SM
-    combine's ring shape) really loads: the XOR of the blocks' words is the XOR of the first
-    word of every 4 KB stage, a short last stage included, for any block count."""
+    """The benchmark's bulk-load ceilings (rate_probe modes 3 and 4: 1 KB and 4 KB bulk copies in
+    the few-SM combine's ring shape) really load: the XOR of the blocks' words is the XOR of the
+    first word of every 4 KB stage, a short last stage included, for any block count."""
     device = torch.device("cuda", 0)
     o = torch.ops.moe_backend
     gen = torch.Generator(device=device).manual_seed(SEED)
     src = torch.randint(-(2**31), 2**31 - 1, ((1 << 22) // 4,), dtype=torch.int32, device=device, generator=gen)
-    for nbytes, blocks in ((src.numel() * 4, 24), (src.numel() * 4 - 48, 5), (4096 * 7 + 32, 132)):
+    cases = [(mode, nbytes, blocks) for mode in (3, 4)
+             for nbytes, blocks in ((src.numel() * 4, 24), (src.numel() * 4 - 48, 5), (4096 * 7 + 32, 132))]
+    for mode, nbytes, blocks in cases:
         blocks = min(blocks, torch.cuda.get_device_properties(device).multi_processor_count)
         sink = torch.zeros(blocks * 4, dtype=torch.int32, device=device)  # a 16-byte word per block
-        o.rate_probe(sink.data_ptr(), src.data_ptr(), nbytes, 3, blocks, device.index)
+        o.rate_probe(sink.data_ptr(), src.data_ptr(), nbytes, mode, blocks, device.index)
         torch.cuda.synchronize(device)
         got = want = 0
         for v in sink.view(-1, 4)[:, 0].tolist():
             got ^= v
         for v in src[: (nbytes + 4095) // 4096 * 1024 : 1024].tolist():
             want ^= v
-        assert got == want, (nbytes, blocks, got, want)
+        assert got == want, (mode, nbytes, blocks, got, want)
