@@ -113,12 +113,13 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
 }
 
-// Modes 3 and 4: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM
-// combine send's ring (sum_rows_bulk): 16 warps a block, each with PROBE_LOAD_STAGES stages of
+// Modes 3-5: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM combine
+// send's ring (sum_rows_bulk): 16 warps a block, each with PROBE_LOAD_STAGES stages of
 // PROBE_LOAD_STAGE bytes on one mbarrier, filled by copies of PIECE bytes (mode 3: 1 KB, as the
-// combine's row pieces; mode 4: the whole 4 KB stage in one copy), lane 0 issuing a stage as
-// soon as the one it refills has landed (192 KB in flight per SM). Does that ring load as fast
-// as SM loads when few SMs are given? Each stage's first word is XORed into the block's word
+// combine's row pieces; mode 4: the whole 4 KB stage in one copy; mode 5: 512 B), lane 0
+// issuing a stage as soon as the one it refills has landed (192 KB in flight per SM). Does that
+// ring load as fast as SM loads when few SMs are given, and how does the copies' size matter
+// (round 30: 4 KB copies load slower than 1 KB ones)? Each stage's first word is XORed into the block's word
 // of dst, so the loads are kept and checkable (the XOR over the blocks is the XOR of every
 // stage's first word).
 constexpr int PROBE_LOAD_WARPS = 16, PROBE_LOAD_STAGES = 3, PROBE_LOAD_STAGE = 4096;
@@ -171,9 +172,9 @@ static void launch_bulk_load_probe(int64_t dst, int64_t src, int64_t nbytes, int
 }
 
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  MOE_CHECK(mode >= 0 && mode <= 4,
-            "rate_probe: mode must be 0 (stores), 1 (loads), 2 (bulk stores), 3 (1 KB bulk loads) or 4 (4 KB bulk "
-            "loads), got ",
+  MOE_CHECK(mode >= 0 && mode <= 5,
+            "rate_probe: mode must be 0 (stores), 1 (loads), 2 (bulk stores), 3 (1 KB bulk loads), 4 (4 KB bulk "
+            "loads) or 5 (512 B bulk loads), got ",
             mode);
   const bool loads = mode == 1 || mode >= 3;
   MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
@@ -184,7 +185,8 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
   if (mode >= 3) {
     if (mode == 3) launch_bulk_load_probe<1024>(dst, src, nbytes, blocks);
-    else launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
+    else if (mode == 4) launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
+    else launch_bulk_load_probe<512>(dst, src, nbytes, blocks);
   } else if (mode == 2)
     bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<char*>(dst), nbytes);

@@ -3,8 +3,8 @@ fewer SMs than the GPU has (`--sms`).
 
 A probe kernel (`rate_probe`: one 1024-thread block per SM, 8 16-byte words in flight per
 thread) streams a buffer six ways: loads from this GPU's memory (by SM loads, and by bulk (TMA)
-copies into shared memory in the few-SM combine's ring shape, of 1 KB as its row pieces and of
-4 KB), stores to it (by SM
+copies into shared memory in the few-SM combine's ring shape, of 1 KB as its row pieces, of 4 KB
+and of 512 B), stores to it (by SM
 stores, and by 16 KB bulk copies from shared memory), and stores to the peer's memory over
 NVLink (every rank at once, as in a dispatch). The combine send, for
 example, must load every expert row (~470 MB per GPU at the DeepSeek prefill shape): no
@@ -23,7 +23,8 @@ PEER_BYTES = 64 << 20
 
 
 def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: int = 10) -> dict[str, dict] | None:
-    """{"<n>_sms": {"sms": n, "load": GB/s, "bulk_load": GB/s, "bulk_load_4kb": GB/s, "store": GB/s,
+    """{"<n>_sms": {"sms": n, "load": GB/s, "bulk_load": GB/s, "bulk_load_4kb": GB/s, "bulk_load_512b": GB/s,
+    "store": GB/s,
     "bulk_store": GB/s, "nvlink_store": GB/s}} for every SM count in `sms` and the whole GPU; local rates from rank 0's
     GPU, the NVLink rate from the slowest rank (absent where a peer is not reachable). None where it cannot run.
     Collective: call on every rank."""
@@ -63,10 +64,12 @@ def _local_rates(o, device: torch.device, counts: list[int], iters: int) -> dict
         load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 1, n, i), iters)
         bulk_load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 3, n, i), iters)
         bulk_load_4kb = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 4, n, i), iters)
+        bulk_load_512b = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 5, n, i), iters)
         store = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 0, n, i), iters)
         bulk = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 2, n, i), iters)
         rates[n] = {"load": LOCAL_BYTES / load / 1e9, "bulk_load": LOCAL_BYTES / bulk_load / 1e9,
                     "bulk_load_4kb": LOCAL_BYTES / bulk_load_4kb / 1e9,
+                    "bulk_load_512b": LOCAL_BYTES / bulk_load_512b / 1e9,
                     "store": LOCAL_BYTES / store / 1e9,
                     "bulk_store": LOCAL_BYTES / bulk / 1e9}
     return rates

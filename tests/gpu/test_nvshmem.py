@@ -195,7 +195,7 @@ def _sm_ceilings():
     assert got is not None and [e["sms"] for e in got.values()][-1] == 24, got
     whole, few = got.values()
     for entry in got.values():
-        rates = ("load", "bulk_load", "bulk_load_4kb", "store", "bulk_store", "nvlink_store")
+        rates = ("load", "bulk_load", "bulk_load_4kb", "bulk_load_512b", "store", "bulk_store", "nvlink_store")
         assert all(entry[k] > 0 for k in rates), got
     assert few["load"] <= whole["load"] * 1.1 and few["nvlink_store"] <= whole["nvlink_store"] * 1.1, got
     o = rt.ops()
@@ -211,9 +211,8 @@ def _sm_ceilings():
         assert bool((rest == -1).all()), (mode, rest)
     # A bad argument raises, with the number in the message (this crashed the process before
     # the numbers were formatted by msg() in csrc/host_checks.h).
-    modes = r"mode must be 0 \(stores\), 1 \(loads\), 2 \(bulk stores\), 3 \(1 KB bulk loads\) or 4 \(4 KB bulk loads\)"
-    with pytest.raises(RuntimeError, match=modes + ", got 5"):
-        o.rate_probe(dst.data_ptr(), 0, 64, 5, 1, device.index)
+    with pytest.raises(RuntimeError, match=r"4 \(4 KB bulk loads\) or 5 \(512 B bulk loads\), got 6"):
+        o.rate_probe(dst.data_ptr(), 0, 64, 6, 1, device.index)
     with pytest.raises(RuntimeError, match="launches must be 1 or 2, got 3"):
         o.ping(torch.zeros(1, dtype=torch.int32, device=device), dst.data_ptr(), [dst.data_ptr()], 0, 1, 3, 1000)
 
