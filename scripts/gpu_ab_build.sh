@@ -11,7 +11,7 @@
 set -uo pipefail
 usage() { echo "usage: scripts/gpu_ab_build.sh OUT_DIR PRESET PREV_DIR [ROUNDS]" >&2; exit 2; }
 [ $# -ge 3 ] && [ $# -le 4 ] || usage
-out=$1 preset=$2 prev_src=$3 rounds=${4:-2}
+out=$1 bench_preset=$2 prev_src=$3 rounds=${4:-2}  # not "preset": nvshmem_env.sh sets that
 [ -d "$prev_src" ] || { echo "gpu_ab_build.sh: PREV_DIR '$prev_src' is not a directory" >&2; exit 2; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_ab_build.sh: ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
 prev_src=$(cd "$prev_src" && pwd)
@@ -36,7 +36,7 @@ for i in $(seq 1 "$rounds"); do
   for side in new prev; do
     root=$PWD
     [ "$side" = prev ] && root=$prev
-    "$root/scripts/gpu_ab_bench.sh" "$out/$side$i" "$preset" "${AB_VARIANT:-base}" > /dev/null
+    "$root/scripts/gpu_ab_bench.sh" "$out/$side$i" "$bench_preset" "${AB_VARIANT:-base}" > /dev/null
     sed "s/^/$side$i /" "$out/$side$i/ab.txt" >> "$out/ab.txt"
   done
 done

@@ -32,3 +32,33 @@ def test_ab_build_refuses_bad_arguments(tmp_path: Path, args: tuple[str, ...], m
     assert done.returncode == 2, done
     assert message in done.stderr
     assert not (tmp_path / "out").exists()  # nothing made before the checks passed
+
+
+def test_ab_build_benches_the_preset_it_was_given(tmp_path: Path) -> None:
+    """Both builds are benched on the PRESET argument, alternately, ROUNDS times (round 30's call:
+    sourcing nvshmem_env.sh overwrote a variable named `preset` with "nvlink", and every bench
+    failed). Runs on a copy of the scripts with a stand-in PYTHON that records the bench calls
+    and fakes the build, so nothing of this checkout is touched."""
+    repo = tmp_path / "repo"
+    (repo / "moe_backend").mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(ROOT / "scripts"), str(repo / "scripts")], check=True)
+    calls = tmp_path / "bench_calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = setup.py ]; then touch moe_backend/_C.fake.so; exit 0; fi\n'
+        f'if [ "$1" = -m ]; then echo "$(pwd) $*" >> {calls}; exit 0; fi\n'
+        'exec python3 "$@"\n'
+    )
+    fake.chmod(0o755)
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    done = subprocess.run(["bash", str(repo / "scripts" / "gpu_ab_build.sh"), str(tmp_path / "out"), "deepseek_prefill",
+                           str(prev), "2"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
+                           "PYTHON": str(fake), "HOME": str(tmp_path)})
+    assert done.returncode == 0, done
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 4, lines
+    assert all("moe_backend.cli bench --config deepseek_prefill --backend nvshmem" in line for line in lines), lines
+    sides = [line.split()[0] == str(repo) for line in lines]
+    assert sides == [True, False, True, False], lines  # new (this tree), prev (the copy), ...
