@@ -119,9 +119,9 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
 // combine's row pieces; mode 4: the whole 4 KB stage in one copy; mode 5: 512 B), lane 0
 // issuing a stage as soon as the one it refills has landed (192 KB in flight per SM). Does that
 // ring load as fast as SM loads when few SMs are given, and how does the copies' size matter
-// (round 30: 4 KB copies load slower than 1 KB ones)? Each stage's first word is XORed into the block's word
-// of dst, so the loads are kept and checkable (the XOR over the blocks is the XOR of every
-// stage's first word).
+// (round 30: 4 KB copies load slower than 1 KB ones)? Each stage's first word is XORed into the
+// block's word of dst, so the loads are kept and checkable (the XOR over the blocks is the XOR
+// of every stage's first word).
 constexpr int PROBE_LOAD_WARPS = 16, PROBE_LOAD_STAGES = 3, PROBE_LOAD_STAGE = 4096;
 constexpr int PROBE_LOAD_SMEM = PROBE_LOAD_WARPS * PROBE_LOAD_STAGES * PROBE_LOAD_STAGE;
 template <int PIECE>
@@ -183,11 +183,13 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
   MOE_CHECK(dst != 0 && dst % 16 == 0 && (!loads || (src != 0 && src % 16 == 0)),
             "rate_probe: dst (and src for loads) must be non-null 16-byte aligned device addresses");
   c10::cuda::CUDAGuard guard((c10::DeviceIndex)device);
-  if (mode >= 3) {
-    if (mode == 3) launch_bulk_load_probe<1024>(dst, src, nbytes, blocks);
-    else if (mode == 4) launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
-    else launch_bulk_load_probe<512>(dst, src, nbytes, blocks);
-  } else if (mode == 2)
+  if (mode == 3)
+    launch_bulk_load_probe<1024>(dst, src, nbytes, blocks);
+  else if (mode == 4)
+    launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
+  else if (mode == 5)
+    launch_bulk_load_probe<512>(dst, src, nbytes, blocks);
+  else if (mode == 2)
     bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<char*>(dst), nbytes);
   else

@@ -445,9 +445,8 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"within-GPU memory traffic (read + write): copy {mem['copy']:.0f} GB/s, "
                      f"write-only {mem['write']:.0f} GB/s, each row to 4 rows {mem['replicate_x4']:.0f} GB/s")
     for entry in (report.get("sm_ceilings_gbps") or {}).values():
-        rates = ("load", "bulk_load", "bulk_load_4kb", "bulk_load_512b", "store", "bulk_store", "nvlink_store")
         lines.append(f"probe kernel on {entry['sms']} SMs (GB/s): "
-                     + ", ".join(f"{k.replace('_', ' ')} {entry[k]:.0f}" for k in rates if k in entry))
+                     + ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in entry.items() if k != "sms"))
     floor = report.get("latency_floor_us")
     if floor:
         lines.append("latency floor (NVLink store + wait, every peer): "

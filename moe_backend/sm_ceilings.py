@@ -2,16 +2,17 @@
 fewer SMs than the GPU has (`--sms`).
 
 A probe kernel (`rate_probe`: one 1024-thread block per SM, 8 16-byte words in flight per
-thread) streams a buffer six ways: loads from this GPU's memory (by SM loads, and by bulk (TMA)
-copies into shared memory in the few-SM combine's ring shape, of 1 KB as its row pieces, of 4 KB
-and of 512 B), stores to it (by SM
-stores, and by 16 KB bulk copies from shared memory), and stores to the peer's memory over
-NVLink (every rank at once, as in a dispatch). The combine send, for
-example, must load every expert row (~470 MB per GPU at the DeepSeek prefill shape): no
-combine given N SMs can beat those bytes at the N-SM load rate.
+thread) streams a buffer several ways (PROBES): loads from this GPU's memory (by SM loads, and
+by bulk (TMA) copies into shared memory in the few-SM combine's ring shape, of 1 KB as its row
+pieces, of 4 KB and of 512 B), stores to it (by SM stores, and by 16 KB bulk copies from shared
+memory), and stores to the peer's memory over NVLink (every rank at once, as in a dispatch).
+The combine send, for example, must load every expert row (~470 MB per GPU at the DeepSeek
+prefill shape): no combine given N SMs can beat those bytes at the N-SM load rate.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -20,13 +21,16 @@ from .bench import gather_objects, max_over_ranks, median_seconds, time_after_ba
 
 LOCAL_BYTES = 1 << 30
 PEER_BYTES = 64 << 20
+# The local rates, in report order: rate_probe's mode for each and whether it loads (from a
+# source into a word per block) or stores (into the destination).
+PROBES = {"load": (1, True), "bulk_load": (3, True), "bulk_load_4kb": (4, True), "bulk_load_512b": (5, True),
+          "store": (0, False), "bulk_store": (2, False)}
 
 
 def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: int = 10) -> dict[str, dict] | None:
-    """{"<n>_sms": {"sms": n, "load": GB/s, "bulk_load": GB/s, "bulk_load_4kb": GB/s, "bulk_load_512b": GB/s,
-    "store": GB/s,
-    "bulk_store": GB/s, "nvlink_store": GB/s}} for every SM count in `sms` and the whole GPU; local rates from rank 0's
-    GPU, the NVLink rate from the slowest rank (absent where a peer is not reachable). None where it cannot run.
+    """{"<n>_sms": {"sms": n, <each of PROBES>: GB/s, "nvlink_store": GB/s}} for every SM count in
+    `sms` and the whole GPU; local rates from rank 0's GPU, the NVLink rate from the slowest rank
+    (absent where a peer is not reachable). None where it cannot run.
     Collective: call on every rank."""
     from .backends import nvshmem_available
 
@@ -54,22 +58,15 @@ def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: 
 
 
 def _local_rates(o, device: torch.device, counts: list[int], iters: int) -> dict[int, dict[str, float]]:
-    """Load, bulk-load, store and bulk-store GB/s of this GPU's memory for each SM count."""
+    """GB/s of each of PROBES on this GPU's memory for each SM count."""
     src = torch.randint(0, 255, (LOCAL_BYTES,), dtype=torch.uint8, device=device)
     dst = torch.empty(LOCAL_BYTES, dtype=torch.uint8, device=device)
     sink = torch.zeros(max(counts) * 16, dtype=torch.uint8, device=device)  # one word per block
     d, s, k, i = dst.data_ptr(), src.data_ptr(), sink.data_ptr(), device.index
-    rates = {}
+    rates: dict[int, dict[str, float]] = {n: {} for n in counts}
     for n in counts:
-        load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 1, n, i), iters)
-        bulk_load = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 3, n, i), iters)
-        bulk_load_4kb = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 4, n, i), iters)
-        bulk_load_512b = median_seconds(lambda n=n: o.rate_probe(k, s, LOCAL_BYTES, 5, n, i), iters)
-        store = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 0, n, i), iters)
-        bulk = median_seconds(lambda n=n: o.rate_probe(d, 0, LOCAL_BYTES, 2, n, i), iters)
-        rates[n] = {"load": LOCAL_BYTES / load / 1e9, "bulk_load": LOCAL_BYTES / bulk_load / 1e9,
-                    "bulk_load_4kb": LOCAL_BYTES / bulk_load_4kb / 1e9,
-                    "bulk_load_512b": LOCAL_BYTES / bulk_load_512b / 1e9,
-                    "store": LOCAL_BYTES / store / 1e9,
-                    "bulk_store": LOCAL_BYTES / bulk / 1e9}
+        for name, (mode, loads) in PROBES.items():
+            target, source = (k, s) if loads else (d, 0)
+            seconds = median_seconds(partial(o.rate_probe, target, source, LOCAL_BYTES, mode, n, i), iters)
+            rates[n][name] = LOCAL_BYTES / seconds / 1e9
     return rates

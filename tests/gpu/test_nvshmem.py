@@ -195,8 +195,7 @@ def _sm_ceilings():
     assert got is not None and [e["sms"] for e in got.values()][-1] == 24, got
     whole, few = got.values()
     for entry in got.values():
-        rates = ("load", "bulk_load", "bulk_load_4kb", "bulk_load_512b", "store", "bulk_store", "nvlink_store")
-        assert all(entry[k] > 0 for k in rates), got
+        assert all(entry[k] > 0 for k in (*sm_ceilings.PROBES, "nvlink_store")), got
     assert few["load"] <= whole["load"] * 1.1 and few["nvlink_store"] <= whole["nvlink_store"] * 1.1, got
     o = rt.ops()
     dst = torch.full((1 << 20,), -1, dtype=torch.int32, device=device)
