@@ -204,8 +204,8 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 }
 
 // Row sums by bulk copies (the fused combine send's when its kernels have at most half the GPU;
-// MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1 forces): a task (one step of the slice, one batch of
-// ROW_BATCH rows) is one bulk copy per row, issued by the lane of that row's index into a stage
+// MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1 forces): a task (one bulk step of the slice, one batch
+// of BULK_BATCH rows) is one bulk copy per row, issued by the lane of that row's index into a stage
 // of this warp's ring and counted by the stage's mbarrier, BULK_STAGES - 1 tasks ahead of the
 // sum. The lanes then read their vectors at fixed offsets in the stage. The register and
 // cp.async paths spent most of their issue slots on per-lane loads, addresses, bounds and
@@ -213,17 +213,25 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
 // instructions for ~9M adds (ncu, world size 1). Same adds in the same order as sum_rows.
 // ring: this warp's (BulkRing below).
 constexpr int BULK_STAGES = 3;
+// A bulk step is BULK_WIDTH register steps wide (2 KB of bf16 a row), and a stage holds
+// BULK_BATCH such rows: the same 4 KB a stage as 4 rows of 1 KB, with half the copies and half
+// the steps' overhead per element (round 31: 24-SM prefill combine 361 -> 326 us at world
+// size 1, 44.8M -> 41.2M instructions; the accumulators need more than 96 registers, which the
+// bulk kernels have: one block per SM).
+constexpr int BULK_WIDTH = 2, BULK_BATCH = ROW_BATCH / BULK_WIDTH;
 template <typename T, int N>
-constexpr int bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
+constexpr int bulk_chunks() { return BULK_WIDTH * chunks_per_step<T, N>(); }
 template <typename T, int N>
-constexpr int bulk_warp_bytes() { return BULK_STAGES * ROW_BATCH * bulk_row_bytes<T, N>(); }
+constexpr int bulk_row_bytes() { return 32 * N * bulk_chunks<T, N>() * (int)sizeof(T); }
+template <typename T, int N>
+constexpr int bulk_warp_bytes() { return BULK_STAGES * BULK_BATCH * bulk_row_bytes<T, N>(); }
 
 // A warp's ring of bulk stages (sum_rows_bulk, sum_units_bulk), carried from item to item and
 // from the send items to the receive items: between items every task issued has been summed,
 // so one slot serves both cursors there. Slot and parities in registers, the addresses as
 // shared-memory addresses: no division by the ring's size, no address conversion per task.
 struct BulkRing {
-  const char* stages;  // BULK_STAGES stages of ROW_BATCH rows of bulk_row_bytes
+  const char* stages;  // BULK_STAGES stages of BULK_BATCH rows of bulk_row_bytes
   unsigned stages_sa;  // the same, as a shared-memory address (smem_addr)
   unsigned bars_sa;    // one mbarrier per stage (8 bytes each), shared-memory address
   int slot;            // the stage the next task is issued to and summed from
@@ -244,7 +252,7 @@ __device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, bool weighted, int nk, int h0,
                                               int h1, BulkRing& ring, Emit&& emit) {
-  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int C = bulk_chunks<T, N>(), P = vec_pieces<T, N>(), RB = BULK_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
   const int nb = (nk + RB - 1) / RB;
@@ -303,8 +311,8 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
 
 // Unweighted sums of a few rows by bulk copies over units (the fused combine's receive half:
 // a token's partials, one per holding rank): the item's (step, row) pairs in step-major
-// order, row fastest, ROW_BATCH units a task whatever the row count, so one or two partials
-// still fill a stage (a task of sum_rows_bulk holds one step's rows). Lanes 0..ROW_BATCH-1
+// order, row fastest, BULK_BATCH units a task whatever the row count, so one or two partials
+// still fill a stage (a task of sum_rows_bulk holds one step's rows). Lanes 0..BULK_BATCH-1
 // find their units in parallel; stage and parity come from the ring's registers; a step's
 // first row is added to 0.0f in place of zeroing the sums. Same adds in the same order as
 // sum_rows: row j ascending from 0.0f, emit(h, acc) after each step's last row. (As the send's
@@ -314,7 +322,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int h0, int h1, BulkRing& ring,
                                                Emit&& emit) {
-  constexpr int C = chunks_per_step<T, N>(), P = vec_pieces<T, N>(), RB = ROW_BATCH, D = BULK_STAGES;
+  constexpr int C = bulk_chunks<T, N>(), P = vec_pieces<T, N>(), RB = BULK_BATCH, D = BULK_STAGES;
   constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
   const int lane = threadIdx.x & 31;
   const int steps = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP : 0;  // empty slice: none
@@ -369,7 +377,9 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
-// must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
+// must fit an SM beside one concurrent receive block (see launch_combine_recv). With bulk
+// loads (fused only, one block per SM for its ring's shared memory) 128: the wide bulk steps'
+// sums spilled at 96. (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
 // 240 vs 208 us, docs/KERNELS.md.)
 // The next work item of a warp: from a counter (dynamic; every item claimed is in progress,
@@ -433,7 +443,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
-__global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restrict__ y,
+__global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   constexpr int C = chunks_per_step<TY, N>();
@@ -494,9 +504,9 @@ __global__ void __maxnreg__(96) combine_send_kernel(Params p, const TY* __restri
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.
     TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
-    auto emit = [&](int h, float (&acc)[C][N]) {
+    auto emit = [&]<int CC>(int h, float (&acc)[CC][N]) {  // CC: the step's chunks (bulk_chunks with bulk loads)
 #pragma unroll
-      for (int c = 0; c < C; ++c) {
+      for (int c = 0; c < CC; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
           if constexpr (NVL) {
@@ -621,9 +631,9 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     const int nr = __popcll(mask);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    auto store_out = [&](int h, float (&acc)[C][N]) {
+    auto store_out = [&]<int CC>(int h, float (&acc)[CC][N]) {
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < CC; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     };
     if (bulk && nr > 0) {

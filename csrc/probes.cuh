@@ -113,10 +113,11 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
 }
 
-// Modes 3-5: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM combine
+// Modes 3-6: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM combine
 // send's ring (sum_rows_bulk): 16 warps a block, each with PROBE_LOAD_STAGES stages of
-// PROBE_LOAD_STAGE bytes on one mbarrier, filled by copies of PIECE bytes (mode 3: 1 KB, as the
-// combine's row pieces; mode 4: the whole 4 KB stage in one copy; mode 5: 512 B), lane 0
+// PROBE_LOAD_STAGE bytes on one mbarrier, filled by copies of PIECE bytes (mode 3: 1 KB, the
+// combine's row pieces until round 31; mode 4: the whole 4 KB stage in one copy; mode 5: 512 B;
+// mode 6: 2 KB, the combine's row pieces since round 31), lane 0
 // issuing a stage as soon as the one it refills has landed (192 KB in flight per SM). Does that
 // ring load as fast as SM loads when few SMs are given, and how does the copies' size matter
 // (round 30: 4 KB copies load slower than 1 KB ones)? Each stage's first word is XORed into the
@@ -172,9 +173,9 @@ static void launch_bulk_load_probe(int64_t dst, int64_t src, int64_t nbytes, int
 }
 
 void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t blocks, int64_t device) {
-  MOE_CHECK(mode >= 0 && mode <= 5,
+  MOE_CHECK(mode >= 0 && mode <= 6,
             "rate_probe: mode must be 0 (stores), 1 (loads), 2 (bulk stores), 3 (1 KB bulk loads), 4 (4 KB bulk "
-            "loads) or 5 (512 B bulk loads), got ",
+            "loads), 5 (512 B bulk loads) or 6 (2 KB bulk loads), got ",
             mode);
   const bool loads = mode == 1 || mode >= 3;
   MOE_CHECK(nbytes > 0 && nbytes % 16 == 0, "rate_probe: nbytes must be a positive multiple of 16, got ", nbytes);
@@ -189,6 +190,8 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
     launch_bulk_load_probe<PROBE_LOAD_STAGE>(dst, src, nbytes, blocks);
   else if (mode == 5)
     launch_bulk_load_probe<512>(dst, src, nbytes, blocks);
+  else if (mode == 6)
+    launch_bulk_load_probe<2048>(dst, src, nbytes, blocks);
   else if (mode == 2)
     bulk_store_probe_kernel<<<(int)blocks, PROBE_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
         reinterpret_cast<char*>(dst), nbytes);

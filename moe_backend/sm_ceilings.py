@@ -3,8 +3,8 @@ fewer SMs than the GPU has (`--sms`).
 
 A probe kernel (`rate_probe`: one 1024-thread block per SM, 8 16-byte words in flight per
 thread) streams a buffer several ways (PROBES): loads from this GPU's memory (by SM loads, and
-by bulk (TMA) copies into shared memory in the few-SM combine's ring shape, of 1 KB as its row
-pieces, of 4 KB and of 512 B), stores to it (by SM stores, and by 16 KB bulk copies from shared
+by bulk (TMA) copies into shared memory in the few-SM combine's ring shape, of 2 KB as its row
+pieces, of 1 KB, 4 KB and 512 B), stores to it (by SM stores, and by 16 KB bulk copies from shared
 memory), and stores to the peer's memory over NVLink (every rank at once, as in a dispatch).
 The combine send, for example, must load every expert row (~470 MB per GPU at the DeepSeek
 prefill shape): no combine given N SMs can beat those bytes at the N-SM load rate.
@@ -23,8 +23,8 @@ LOCAL_BYTES = 1 << 30
 PEER_BYTES = 64 << 20
 # The local rates, in report order: rate_probe's mode for each and whether it loads (from a
 # source into a word per block) or stores (into the destination).
-PROBES = {"load": (1, True), "bulk_load": (3, True), "bulk_load_4kb": (4, True), "bulk_load_512b": (5, True),
-          "store": (0, False), "bulk_store": (2, False)}
+PROBES = {"load": (1, True), "bulk_load": (3, True), "bulk_load_2kb": (6, True), "bulk_load_4kb": (4, True),
+          "bulk_load_512b": (5, True), "store": (0, False), "bulk_store": (2, False)}
 
 
 def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: int = 10) -> dict[str, dict] | None:

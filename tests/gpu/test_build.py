@@ -50,8 +50,8 @@ def test_extension_errors_raise_with_their_numbers():
     except ImportError as err:
         pytest.skip(f"extension not loadable here: {err}")
     probe = torch.ops.moe_backend.rate_probe  # no dispatch key: runs its checks on any machine
-    modes = (r"mode must be 0 \(stores\), 1 \(loads\), 2 \(bulk stores\), 3 \(1 KB bulk loads\), 4 \(4 KB bulk loads\) "
-             r"or 5 \(512 B bulk loads\)")
+    modes = (r"mode must be 0 \(stores\), 1 \(loads\), 2 \(bulk stores\), 3 \(1 KB bulk loads\), "
+             r"4 \(4 KB bulk loads\), 5 \(512 B bulk loads\) or 6 \(2 KB bulk loads\)")
     with pytest.raises(RuntimeError, match=modes + ", got 7"):
         probe(16, 0, 64, 7, 1, 0)
     with pytest.raises(RuntimeError, match="nbytes must be a positive multiple of 16, got 60"):

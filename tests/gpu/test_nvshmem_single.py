@@ -117,14 +117,14 @@ def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
 
 
 def test_bulk_load_probe_loads_every_stage() -> None:
-    """The benchmark's bulk-load ceilings (rate_probe modes 3-5: 1 KB, 4 KB and 512 B bulk copies
+    """The benchmark's bulk-load ceilings (rate_probe modes 3-6: 1 KB, 4 KB, 512 B and 2 KB bulk copies
     in the few-SM combine's ring shape) really load: the XOR of the blocks' words is the XOR of the
     first word of every 4 KB stage, a short last stage included, for any block count."""
     device = torch.device("cuda", 0)
     o = torch.ops.moe_backend
     gen = torch.Generator(device=device).manual_seed(SEED)
     src = torch.randint(-(2**31), 2**31 - 1, ((1 << 22) // 4,), dtype=torch.int32, device=device, generator=gen)
-    cases = [(mode, nbytes, blocks) for mode in (3, 4, 5)
+    cases = [(mode, nbytes, blocks) for mode in (3, 4, 5, 6)
              for nbytes, blocks in ((src.numel() * 4, 24), (src.numel() * 4 - 48, 5), (4096 * 7 + 32, 132))]
     for mode, nbytes, blocks in cases:
         blocks = min(blocks, torch.cuda.get_device_properties(device).multi_processor_count)
