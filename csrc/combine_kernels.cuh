@@ -219,6 +219,8 @@ constexpr int BULK_STAGES = 3;
 // size 1, 44.8M -> 41.2M instructions; the accumulators need more than 96 registers, which the
 // bulk kernels have: one block per SM).
 constexpr int BULK_WIDTH = 2, BULK_BATCH = ROW_BATCH / BULK_WIDTH;
+static_assert(BULK_BATCH >= 1 && (BULK_BATCH & (BULK_BATCH - 1)) == 0,
+              "sum_units_bulk spreads units by lane & (BULK_BATCH - 1)");
 template <typename T, int N>
 constexpr int bulk_chunks() { return BULK_WIDTH * chunks_per_step<T, N>(); }
 template <typename T, int N>
@@ -312,7 +314,7 @@ __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float*
 // Unweighted sums of a few rows by bulk copies over units (the fused combine's receive half:
 // a token's partials, one per holding rank): the item's (step, row) pairs in step-major
 // order, row fastest, BULK_BATCH units a task whatever the row count, so one or two partials
-// still fill a stage (a task of sum_rows_bulk holds one step's rows). Lanes 0..BULK_BATCH-1
+// still fill a stage (a task of sum_rows_bulk holds rows of one step only). Lanes 0..BULK_BATCH-1
 // find their units in parallel; stage and parity come from the ring's registers; a step's
 // first row is added to 0.0f in place of zeroing the sums. Same adds in the same order as
 // sum_rows: row j ascending from 0.0f, emit(h, acc) after each step's last row. (As the send's
