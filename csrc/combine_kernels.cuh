@@ -379,11 +379,11 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
 // Tokens are visited in (t, g) order so local and remote destinations interleave and the
 // link is busy for the whole kernel.
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
-// must fit an SM beside one concurrent receive block (see launch_combine_recv). With bulk
-// loads (fused only, one block per SM for its ring's shared memory) 128: the wide bulk steps'
-// sums spilled at 96. (Two blocks
+// must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
-// 240 vs 208 us, docs/KERNELS.md.)
+// 240 vs 208 us, docs/KERNELS.md.) With bulk loads, 128: that kernel is fused (no receive
+// beside it) and its ring's shared memory holds one block per SM anyway; the wide bulk steps'
+// sums spilled at 96.
 // The next work item of a warp: from a counter (dynamic; every item claimed is in progress,
 // so no warp ever waits for an item a not-yet-resident block holds) or grid-stride.
 template <bool COUNTER>

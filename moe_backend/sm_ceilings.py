@@ -7,7 +7,9 @@ by bulk (TMA) copies into shared memory in the few-SM combine's ring shape, of 2
 pieces, of 1 KB, 4 KB and 512 B), stores to it (by SM stores, and by 16 KB bulk copies from shared
 memory), and stores to the peer's memory over NVLink (every rank at once, as in a dispatch).
 The combine send, for example, must load every expert row (~470 MB per GPU at the DeepSeek
-prefill shape): no combine given N SMs can beat those bytes at the N-SM load rate.
+prefill shape): no combine given N SMs can beat those bytes at the N-SM load rate. The bulk
+rates are those of the probe's shape (contiguous stages, one lane issuing), not bounds: the
+24-SM combine's own 2 KB copies moved more than the 2 KB probe (round 31).
 """
 
 from __future__ import annotations
