@@ -233,82 +233,99 @@ constexpr int bulk_warp_bytes() { return BULK_STAGES * BULK_BATCH * bulk_row_byt
 // so one slot serves both cursors there. Slot and parities in registers, the addresses as
 // shared-memory addresses: no division by the ring's size, no address conversion per task.
 struct BulkRing {
-  const char* stages;  // BULK_STAGES stages of BULK_BATCH rows of bulk_row_bytes
-  unsigned stages_sa;  // the same, as a shared-memory address (smem_addr)
+  unsigned stages_sa;  // BULK_STAGES stages of BULK_BATCH rows of bulk_row_bytes, shared-memory address
   unsigned bars_sa;    // one mbarrier per stage (8 bytes each), shared-memory address
   int slot;            // the stage the next task is issued to and summed from
   unsigned parity;     // bit d: the phase parity stage d completes next
 };
 __device__ __forceinline__ int next_slot(int d) { return d + 1 == BULK_STAGES ? 0 : d + 1; }
-// Waits for the task in the ring's slot, moves the ring on and returns that task's stage.
-__device__ __forceinline__ const char* ring_take(BulkRing& ring, int stage_bytes) {
+// Waits for the task in the ring's slot, moves the ring on and returns that task's stage as a
+// shared-memory address (read by lds16: no generic-to-shared conversion per task).
+__device__ __forceinline__ unsigned ring_take(BulkRing& ring, int stage_bytes) {
   const int slot = ring.slot;
   mbar_wait(ring.bars_sa + slot * 8, (ring.parity >> slot) & 1u);
   ring.parity ^= 1u << slot;
   ring.slot = next_slot(slot);
-  return ring.stages + slot * stage_bytes;
+  return ring.stages_sa + slot * stage_bytes;
+}
+// A lane's C chunks of one staged row; row: the row's shared address plus this lane's
+// offset, so every read is that register plus an immediate.
+template <typename T, int N, int C>
+__device__ __forceinline__ void read_stage(VecT<T, N> (&raw)[C], unsigned row) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int pc = 0; pc < vec_pieces<T, N>(); ++pc)
+      reinterpret_cast<int4*>(&raw[c])[pc] = lds16(row + (c * 32 * vec_pieces<T, N>() + pc) * 16);
 }
 
+// One item's bulk row sums (WT: weighted). Steps outer, row batches inner, so a step's first
+// batch (its first row added to 0.0f in place of zeroing the sums) and its emit are known by
+// the loop, not tested per task. Lane j holds row j's address for the whole item, so a task's
+// copies are issued by the lanes of its rows from registers, at a running byte offset, the
+// full row but in the slice's last step. (Round 32: round 31's task loop spent ~140
+// instructions a task beside the ~136 of its sums, ncu.)
+template <typename T, int N, bool WT, typename Emit>
+__device__ __forceinline__ void sum_rows_bulk_items(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                                    BulkRing& ring, Emit&& emit) {
+  constexpr int C = bulk_chunks<T, N>(), RB = BULK_BATCH, D = BULK_STAGES;
+  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
+  const int lane = threadIdx.x & 31;
+  const int nb = (nk + RB - 1) / RB;
+  const int steps = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP : 0;  // empty slice: none
+  const unsigned last_bytes = steps ? (unsigned)((h1 - h0 - (steps - 1) * STEP) * (int)sizeof(T)) : 0u;
+  // Rows lane and lane + 32 (topk may reach 64): a batch's rows lie in one such half.
+  const char* row_lo = lane < nk ? reinterpret_cast<const char*>(rows[lane] + h0) : nullptr;
+  const char* row_hi = lane + 32 < nk ? reinterpret_cast<const char*>(rows[lane + 32] + h0) : nullptr;
+  int left = steps * nb, j0 = 0, islot = ring.slot;  // issue cursor: tasks not yet issued, batch's first row, stage
+  auto issue = [&]() {
+    if (left == 0) return;
+    const unsigned bytes = left <= nb ? last_bytes : (unsigned)ROW;  // the last nb tasks: the last step
+    const unsigned bar = ring.bars_sa + islot * 8;
+    const int r = lane - (j0 & 31);  // this lane's row in the batch
+    if (lane == 0) mbar_arrive_expect(bar, min(RB, nk - j0) * bytes);
+    if (r >= 0 && r < RB && j0 + r < nk)
+      bulk_load(ring.stages_sa + (islot * RB + r) * ROW, j0 < 32 ? row_lo : row_hi, bytes, bar);
+    --left;
+    islot = next_slot(islot);
+    if ((j0 += RB) >= nk) {  // the step's last batch: every row moves on to the next step
+      j0 = 0;
+      row_lo += ROW;
+      row_hi += ROW;
+    }
+  };
+#pragma unroll
+  for (int q = 0; q < D - 1; ++q) issue();
+  const unsigned lane_off = (unsigned)lane * vec_pieces<T, N>() * 16;
+  float acc[C][N];
+  for (int s = 0; s < steps; ++s) {
+    for (int b = 0; b < nb; ++b) {
+      __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
+      issue();
+      const unsigned st = ring_take(ring, RB * ROW) + lane_off;
+      const int j0 = b * RB;
+      VecT<T, N> raw[C];
+      read_stage<T, N, C>(raw, st);
+      if (b == 0) add_row_scaled<T, N, C, WT, true>(acc, raw, WT ? ws[j0] : 1.0f);
+      else add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j0] : 1.0f);
+#pragma unroll
+      for (int r = 1; r < RB; ++r) {
+        if (j0 + r < nk) {
+          read_stage<T, N, C>(raw, st + r * ROW);
+          add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j0 + r] : 1.0f);
+        }
+      }
+    }
+    emit(h0 + lane * N + s * STEP, acc);
+  }
+}
 // ws: the rows' weights, read only when `weighted` (a shared array: a pointer that may be null
 // cost each task its conversion to a shared address and the null test).
 template <typename T, int N, typename Emit>
 __device__ __forceinline__ void sum_rows_bulk(const T* const* rows, const float* ws, bool weighted, int nk, int h0,
                                               int h1, BulkRing& ring, Emit&& emit) {
-  constexpr int C = bulk_chunks<T, N>(), P = vec_pieces<T, N>(), RB = BULK_BATCH, D = BULK_STAGES;
-  constexpr int STEP = 32 * N * C, ROW = bulk_row_bytes<T, N>();
-  const int lane = threadIdx.x & 31;
-  const int nb = (nk + RB - 1) / RB;
-  const int ntasks = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP * nb : 0;  // empty slice: none
-  int is = 0, ib = 0, q_issued = 0, islot = ring.slot;  // the next task to issue: step is, row batch ib
-  auto issue = [&]() {
-    if (q_issued >= ntasks) return;
-    const int h = h0 + is * STEP, j0 = ib * RB;
-    const unsigned bytes = (unsigned)(min(STEP, h1 - h) * (int)sizeof(T));
-    const int nr = min(RB, nk - j0);
-    const unsigned bar = ring.bars_sa + islot * 8;
-    if (lane == 0) mbar_arrive_expect(bar, nr * bytes);
-    if (lane < nr) bulk_load(ring.stages_sa + (islot * RB + lane) * ROW, rows[j0 + lane] + h, bytes, bar);
-    ++q_issued;
-    islot = next_slot(islot);
-    if (++ib == nb) ib = 0, ++is;
-  };
-#pragma unroll
-  for (int q = 0; q < D - 1; ++q) issue();
-  float acc[C][N];
-  int cs = 0, cb = 0;  // the task being summed: step cs, row batch cb
-  for (int q = 0; q < ntasks; ++q) {
-    __syncwarp();  // every lane has read task q - 1's stage, which the issue below refills
-    issue();
-    const char* st = ring_take(ring, RB * ROW);
-    const int j0 = cb * RB;
-    // The kernel is issue-bound with 24 SMs (round 29), so a task spends no instruction it can
-    // avoid: a step's first row is added to 0.0f (no zeroing of the sums), and a full batch's
-    // rows go without their bounds.
-    auto sum_stage = [&](auto with_weights) {  // the weights' branch once per task, not per row
-      constexpr bool WT = decltype(with_weights)::value;
-      auto add = [&](int r, auto first) {
-        VecT<T, N> raw[C];
-        read_staged<T, N, C>(raw, [&](int c, int pc) {
-          return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
-        });
-        add_row_scaled<T, N, C, WT, decltype(first)::value>(acc, raw, WT ? ws[j0 + r] : 1.0f);
-      };
-      if (cb == 0) add(0, std::true_type{});
-      else add(0, std::false_type{});
-      if (j0 + RB <= nk) {
-#pragma unroll
-        for (int r = 1; r < RB; ++r) add(r, std::false_type{});
-      } else {
-#pragma unroll
-        for (int r = 1; r < RB; ++r)
-          if (j0 + r < nk) add(r, std::false_type{});
-      }
-    };
-    if (weighted) sum_stage(std::true_type{});
-    else sum_stage(std::false_type{});
-    if (cb == nb - 1) emit(h0 + lane * N + cs * STEP, acc);
-    if (++cb == nb) cb = 0, ++cs;
-  }
+  if (weighted) sum_rows_bulk_items<T, N, true>(rows, ws, nk, h0, h1, ring, emit);
+  else sum_rows_bulk_items<T, N, false>(rows, ws, nk, h0, h1, ring, emit);
 }
 
 // Unweighted sums of a few rows by bulk copies over units (the fused combine's receive half:
@@ -354,15 +371,13 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
   for (int q = 0; q < ntasks; ++q) {
     __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
     issue();
-    const char* st = ring_take(ring, RB * ROW);
+    const unsigned st = ring_take(ring, RB * ROW) + (unsigned)lane * P * 16;
     // Not unrolled: each unit may end a step (four copies of the emit's stores).
 #pragma unroll 1
     for (int r = 0; r < RB; ++r) {
       if (q * RB + r < nu) {
         VecT<T, N> raw[C];
-        read_staged<T, N, C>(raw, [&](int c, int pc) {
-          return reinterpret_cast<const int4*>(st + r * ROW + ((c * 32 + lane) * P + pc) * 16);
-        });
+        read_stage<T, N, C>(raw, st + r * ROW);
         if (cj == 0) add_row_scaled<T, N, C, false, true>(acc, raw, 1.0f);
         else add_row_scaled<T, N, C, false>(acc, raw, 1.0f);
         if (cj == nk - 1) emit(h0 + lane * N + cs * STEP, acc);
@@ -459,9 +474,8 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
   BulkRing ring{};  // LOADS_BULK: this warp's, for its send items and then its receive items
   if constexpr (LOADS == LOADS_BULK) {
     char* base = reinterpret_cast<char*>(async_smem);
-    ring.stages = base + warp * bulk_warp_bytes<TY, N>();
+    ring.stages_sa = smem_addr(base + warp * bulk_warp_bytes<TY, N>());
     auto* bars = reinterpret_cast<unsigned long long*>(base + NWARPS * bulk_warp_bytes<TY, N>()) + warp * BULK_STAGES;
-    ring.stages_sa = smem_addr(ring.stages);
     ring.bars_sa = smem_addr(bars);
     if (lane == 0) {
       for (int d = 0; d < BULK_STAGES; ++d) mbar_init(bars + d, 1);

@@ -157,6 +157,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int K>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(K) : "memory"); }
+// 16 bytes from shared memory by its 32-bit address. Volatile: it stays after the barrier wait
+// that made them visible (the wait is an asm of its own).
+__device__ __forceinline__ int4 lds16(unsigned addr) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 // Bulk copies (the copy engine of the SM, "TMA") from global into shared memory, their bytes
 // counted by an mbarrier in this block's shared memory: one instruction moves a whole piece.
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {

@@ -50,6 +50,9 @@ def one_rank_cases(seed: int, count: int = 16) -> list[Case]:
                         scale_block_size=block, combine_in_float32=rng.random() < 0.4)
         cases.append(Case(spec, ROUTINGS[i % len(ROUTINGS)], seed * 1000 + i, rng.random() < 0.6,
                           NUM_TOKENS_MODES[(i // 4) % 3]))
+    # More than 32 rows a token (the bulk sums keep rows lane and lane + 32), a row of 2000 bytes
+    # (the last bulk step short), past the overlap limit (the fused combine).
+    cases.append(Case(CommSpec(48, 40, 1000, 1200, 1), "uniform", seed * 1000 + 998, True, "tensor"))
     cases.append(Case(CommSpec(256, 8, 7168, 4096, 1), "uniform", seed * 1000 + 999, True, "tensor"))
     return cases
 
