@@ -109,6 +109,10 @@ __device__ __forceinline__ unsigned long long ld_acquire_sys(const unsigned long
 __device__ __forceinline__ void st_release_sys(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
+// For a flag this GPU's own kernels wait on: a GPU-scope release waits for the L2, not the system.
+__device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
 __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* ptr) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
