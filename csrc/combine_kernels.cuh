@@ -298,23 +298,36 @@ __device__ __forceinline__ void sum_rows_bulk_items(const T* const* rows, const 
   for (int q = 0; q < D - 1; ++q) issue();
   const unsigned lane_off = (unsigned)lane * vec_pieces<T, N>() * 16;
   float acc[C][N];
-  for (int s = 0; s < steps; ++s) {
-    for (int b = 0; b < nb; ++b) {
-      __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
-      issue();
-      const unsigned st = ring_take(ring, RB * ROW) + lane_off;
-      const int j0 = b * RB;
-      VecT<T, N> raw[C];
-      read_stage<T, N, C>(raw, st);
-      if (b == 0) add_row_scaled<T, N, C, WT, true>(acc, raw, WT ? ws[j0] : 1.0f);
-      else add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j0] : 1.0f);
+  // Task b of a step: its batch's rows summed. full: a batch of RB rows, so no row is tested;
+  // first: the step's first batch (its first row added to 0.0f in place of the sums).
+  auto task = [&](int b, auto full, auto first) {
+    __syncwarp();  // every lane has read the previous task's stage, which the issue below refills
+    issue();
+    const unsigned st = ring_take(ring, RB * ROW) + lane_off;
+    const int j0 = b * RB;
+    VecT<T, N> raw[C];
+    read_stage<T, N, C>(raw, st);
+    add_row_scaled<T, N, C, WT, decltype(first)::value>(acc, raw, WT ? ws[j0] : 1.0f);
 #pragma unroll
-      for (int r = 1; r < RB; ++r) {
-        if (j0 + r < nk) {
-          read_stage<T, N, C>(raw, st + r * ROW);
-          add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j0 + r] : 1.0f);
-        }
+    for (int r = 1; r < RB; ++r) {
+      if (decltype(full)::value || j0 + r < nk) {
+        read_stage<T, N, C>(raw, st + r * ROW);
+        add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j0 + r] : 1.0f);
       }
+    }
+  };
+  // A step's tasks: nfull full batches, then one of nk % RB rows; the step's first and the
+  // later ones apart, so the hot loop (full, not first) tests neither.
+  const int nfull = nk / RB;
+  constexpr std::true_type yes{};
+  constexpr std::false_type no{};
+  for (int s = 0; s < steps; ++s) {
+    if (nfull > 0) {
+      task(0, yes, yes);
+      for (int b = 1; b < nfull; ++b) task(b, yes, no);
+      if (nfull < nb) task(nfull, no, no);
+    } else {
+      task(0, no, yes);
     }
     emit(h0 + lane * N + s * STEP, acc);
   }
