@@ -274,9 +274,10 @@ __device__ __forceinline__ void sum_rows_bulk_items(const T* const* rows, const 
   const int nb = (nk + RB - 1) / RB;
   const int steps = h1 > h0 ? (h1 - h0 + STEP - 1) / STEP : 0;  // empty slice: none
   const unsigned last_bytes = steps ? (unsigned)((h1 - h0 - (steps - 1) * STEP) * (int)sizeof(T)) : 0u;
-  // Rows lane and lane + 32 (topk may reach 64): a batch's rows lie in one such half.
-  const char* row_lo = lane < nk ? reinterpret_cast<const char*>(rows[lane] + h0) : nullptr;
-  const char* row_hi = lane + 32 < nk ? reinterpret_cast<const char*>(rows[lane + 32] + h0) : nullptr;
+  // Rows lane and lane + 32 (topk may reach 64): a batch's rows lie in one such half. As
+  // integers: a lane without such a row moves its 0 on like the others, never to copy from it.
+  unsigned long long row_lo = lane < nk ? reinterpret_cast<unsigned long long>(rows[lane] + h0) : 0ull;
+  unsigned long long row_hi = lane + 32 < nk ? reinterpret_cast<unsigned long long>(rows[lane + 32] + h0) : 0ull;
   int left = steps * nb, j0 = 0, islot = ring.slot;  // issue cursor: tasks not yet issued, batch's first row, stage
   auto issue = [&]() {
     if (left == 0) return;
@@ -285,7 +286,8 @@ __device__ __forceinline__ void sum_rows_bulk_items(const T* const* rows, const 
     const int r = lane - (j0 & 31);  // this lane's row in the batch
     if (lane == 0) mbar_arrive_expect(bar, min(RB, nk - j0) * bytes);
     if (r >= 0 && r < RB && j0 + r < nk)
-      bulk_load(ring.stages_sa + (islot * RB + r) * ROW, j0 < 32 ? row_lo : row_hi, bytes, bar);
+      bulk_load(ring.stages_sa + (islot * RB + r) * ROW, reinterpret_cast<const void*>(j0 < 32 ? row_lo : row_hi), bytes,
+                bar);
     --left;
     islot = next_slot(islot);
     if ((j0 += RB) >= nk) {  // the step's last batch: every row moves on to the next step
@@ -569,12 +571,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
       // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
       if (lane == 0) {
         stamp_exit(ST_CSEND_FENCED);  // no fence any more: the moment its flag is stored
-        for (int q = 0; q < p.tp; ++q) {
-          const int dst = g * p.tp + q;
-          unsigned long long* flag = sigp(p, p.peer[dst], sig_comb(p, p.rank, t, sl, S));
-          if (dst == p.rank) st_release_gpu(flag, round);  // read by this GPU's receive only
-          else st_release_sys(flag, round);
-        }
+        for (int q = 0; q < p.tp; ++q) release_flag_at(p, g * p.tp + q, sig_comb(p, p.rank, t, sl, S), round);
       }
     } else {
       uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_comb(p, p.rank, t, sl, S)));
