@@ -44,6 +44,8 @@ struct Params {
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
+  int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
+  int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -202,6 +204,16 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
+// Bulk copies from shared `src` to global `dst` (16-byte aligned, bytes a multiple of 16), in
+// this thread's bulk groups: commit after issuing, then wait for the groups' reads of shared
+// memory (before refilling it) or for their writes (before the kernel ends).
+__device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Programmatic dependent launch: a kernel launched with it may start before the previous
 // kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results
 // (a no-op without it); launch_dependents() lets the next kernel be scheduled early.

@@ -268,6 +268,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   }
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
+  // Round 33: the copy with a work counter writes each expert row by one bulk store from the
+  // warp's shared buffer (copy_token_bulk); =0 keeps the register copy.
+  p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;
+  // Round 33: the plan reads the chunk count matrix by 16-byte loads where L % 4 == 0; =0 by 4-byte loads.
+  p->plan_vec = (reinterpret_cast<uintptr_t>(p->cnt) & 15) == 0 && env_switch("MOE_BACKEND_NVSHMEM_PLAN_VEC", true) ? 1 : 0;
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
@@ -376,6 +381,21 @@ static bool copy_pdl(bool dynamic) {
   return dynamic ? large : small;
 }
 
+// The copy by bulk copies (copy_token_bulk): how many of a block's warps get a row buffer in
+// COPY_BULK_SMEM of dynamic shared memory (besides the copy's 4 KB of row lists); 0 where it
+// is off, rows are not 16-byte aligned (x, the slots and the outputs alike) or no buffer fits.
+// 192 KB leaves an SM ~30 KB beside a copy block, room for the send kernel's and the
+// copy-engine flag kernel's blocks (~1.3 KB each with the driver's share) that the waiting
+// copy may depend on; 13 warps of 14 KB rows (DeepSeek prefill) took 141.6 us against 139.3
+// with 15 (220 KB), in two calls' timelines (round 33).
+constexpr long long COPY_BULK_SMEM = 192 * 1024;
+static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
+  const bool aligned = p.row_bytes % 16 == 0 && p.slot_bytes % 16 == 0 &&
+                       ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(tokens)) & 15) == 0;
+  if (!p.copy_bulk || !aligned) return 0;
+  return (int)std::min<long long>(NWARPS, (COPY_BULK_SMEM - copy_bulk_buffer_offset(p, 0)) / copy_bulk_row_stride(p));
+}
+
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + 3 * (size_t)p.L) * 4; }
 
 // Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
@@ -416,8 +436,10 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
     attr_set = true;
   }
   int threads = std::max(p.chunk, 256);  // phase-1 masks need one thread per token
-  static const bool carve = max_shared_carveout(dispatch_recv_kernel) && max_shared_carveout(dispatch_copy_kernel<true>) &&
-                            max_shared_carveout(dispatch_copy_kernel<false>);
+  static const bool carve = max_shared_carveout(dispatch_recv_kernel) &&
+                            max_shared_carveout(dispatch_copy_kernel<true, false>) &&
+                            max_shared_carveout(dispatch_copy_kernel<true, true>) &&
+                            max_shared_carveout(dispatch_copy_kernel<false, false>);
   (void)carve;
   dispatch_recv_kernel<<<p.nchunks, threads, smem, stream>>>(
       p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(), weighted ? weights.data_ptr<float>() : nullptr,
@@ -438,10 +460,23 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &pdl;
   cfg.numAttrs = copy_pdl(dynamic) ? 1 : 0;
-  CUDA_OK(cudaLaunchKernelEx(&cfg, dynamic ? dispatch_copy_kernel<true> : dispatch_copy_kernel<false>, p,
-                             reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+  const int bulk_warps = dynamic ? copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr()) : 0;
+  if (bulk_warps > 0) {
+    static const bool smem_set = [] {
+      CUDA_OK(cudaFuncSetAttribute(dispatch_copy_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)COPY_BULK_SMEM));
+      return true;
+    }();
+    (void)smem_set;
+    cfg.dynamicSmemBytes = (size_t)copy_bulk_buffer_offset(p, bulk_warps);
+  }
+  auto* copy = bulk_warps > 0 ? dispatch_copy_kernel<true, true>
+               : dynamic      ? dispatch_copy_kernel<true, false>
+                              : dispatch_copy_kernel<false, false>;
+  CUDA_OK(cudaLaunchKernelEx(&cfg, copy, p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
                              reinterpret_cast<const char*>(x.data_ptr()),
-                             xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0)));
+                             xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0),
+                             bulk_warps));
   return {tokens, scales, weights, tpe, offs, sg, st, sk};
 }
 

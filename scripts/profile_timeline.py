@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU timeline of one dispatch + combine round of the nvshmem backend (torch.profiler).
 
-On 2 GPUs (2 NCCL processes), for each case (preset shape, tokens/rank, transport, overlap),
+On 2 GPUs (2 NCCL processes; --world-size N), for each case (preset shape, tokens/rank, transport, overlap),
 the benchmark's own loop (GPU-side barrier: device sleep + one-element all-reduce, then
 dispatch send/recv, barrier, combine send/recv), a few warm-up rounds, then 5 rounds under
 torch.profiler. Rank 0 prints, for the last profiled round, every GPU activity (kernel,
@@ -11,7 +11,7 @@ which the CUDA-event phase times of `moe-backend bench` cannot.
 
 Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
 
-    python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING]
+    python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING] [--world-size N]
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ def _gpu_activities(trace_path: str) -> list[dict]:
 
 
 def _last_round(acts: list[dict]) -> list[str]:
-    """Activities after the last two barrier all-reduces (dispatch, then combine)."""
+    """Activities after the last two barriers' all-reduces (dispatch, then combine)."""
     ar = [i for i, e in enumerate(acts) if "nccl" in e["name"].lower() and "allreduce" in e["name"].lower()]
+    if len(ar) < 2:  # one rank: NCCL may launch nothing; the barrier's sleep kernel marks the rounds
+        ar = [i for i, e in enumerate(acts) if "spin" in e["name"].lower() or "sleep" in e["name"].lower()]
     if len(ar) < 2:
-        return ["(no all-reduce found in the trace)"]
+        return ["(no barrier found in the trace)"]
     lines: list[str] = []
     for label, a, b in (("dispatch", ar[-2], ar[-1]), ("combine", ar[-1], len(acts))):
         t0 = acts[a]["ts"] + acts[a]["dur"]
@@ -125,12 +127,17 @@ def _worker(out_dir: str, only: str) -> None:
 
 
 def main() -> None:
+    import argparse
+
     from moe_backend.launch import spawn
 
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else "."
-    only = sys.argv[2] if len(sys.argv) > 2 else ""  # e.g. "prefill": cases whose preset contains it
-    os.makedirs(out_dir, exist_ok=True)
-    spawn(_worker, 2, out_dir, only, dist_backend="nccl", timeout=300)
+    ap = argparse.ArgumentParser(description="GPU timeline of one dispatch + combine round (torch.profiler)")
+    ap.add_argument("out_dir", nargs="?", default=".")
+    ap.add_argument("only", nargs="?", default="", help='cases whose preset contains this, e.g. "prefill"')
+    ap.add_argument("--world-size", type=int, default=2, help="local GPUs, one process each (1: no link)")
+    args = ap.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    spawn(_worker, args.world_size, args.out_dir, args.only, dist_backend="nccl", timeout=300)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ The copy kernel of the dispatch receive cuts each token's row into pieces, one w
 when the arena's tokens alone would not fill a block per SM (`MOE_BACKEND_NVSHMEM_COPY_PIECES=k`
 caps the pieces per token; 1 = one warp per token); for such small arenas it is launched
 programmatically (PDL) beside the plan kernel (`MOE_BACKEND_NVSHMEM_PDL=0` never, `=1` for
-every arena; docs/KERNELS.md, round 13).
+every arena; docs/KERNELS.md, round 13). For larger arenas (one warp per token, from a work
+counter) a warp loads the token's row into shared memory by one bulk (TMA) copy and writes each
+expert row by one bulk store, where rows are 16-byte aligned (`MOE_BACKEND_NVSHMEM_COPY_BULK=0`
+stores from registers); the plan kernel reads the per-chunk counts by 16-byte loads where the
+local experts are a multiple of 4 (`MOE_BACKEND_NVSHMEM_PLAN_VEC=0`: 4-byte loads; round 33).
 Copy-engine send (nvlink, overlap on): when nearly every token has an expert on each other
 rank (>= 0.99 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks, not 4) and a call
 sends >= 1024 tokens, the tokens cross by copy-engine copies in 4 chunks, each chunk's flags

@@ -82,11 +82,15 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
 # brought into shared memory, by default only with at most half the GPU (the few-SM test); its
 # receive half then takes the partials by bulk copies too, through the ring the send left.
+# "register-copy": the dispatch copy with a work counter (arenas past a block per SM of items)
+# stores its rows from registers, and the plan reads the count matrix by 4-byte loads, as before
+# round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
+    "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
 }
 
 
