@@ -384,9 +384,9 @@ static bool copy_pdl(bool dynamic) {
 // The copy by bulk copies (copy_token_bulk): how many of a block's warps get a row buffer in
 // COPY_BULK_SMEM of dynamic shared memory (besides the copy's 4 KB of row lists); 0 where it
 // is off, rows are not 16-byte aligned (x, the slots and the outputs alike) or no buffer fits.
-// 192 KB leaves an SM ~30 KB beside a copy block, room for the send kernel's and the
-// copy-engine flag kernel's blocks (~1.3 KB each with the driver's share) that the waiting
-// copy may depend on; 13 warps of 14 KB rows (DeepSeek prefill) took 141.6 us against 139.3
+// 192 KB leaves an SM >= 30 KB beside a copy block, room for the send kernel's and the
+// copy-engine flag kernel's blocks (~1 KB each, the driver's share) that the waiting copy may
+// depend on; 13 warps of 14 KB rows (DeepSeek prefill) took 141.6 us against 139.3
 // with 15 (220 KB), in two calls' timelines (round 33).
 constexpr long long COPY_BULK_SMEM = 192 * 1024;
 static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
