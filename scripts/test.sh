@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up, then run the test suite (GPU tests run only where 2 GPUs are present).
+# Set up, then run the test suite (a GPU test runs only where the GPUs it asks for are present).
 # pytest's own exit codes pass through: 5 (no tests collected) fails like any other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
