@@ -205,14 +205,16 @@ __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 // Bulk copies from shared `src` to global `dst` (16-byte aligned, bytes a multiple of 16), in
-// this thread's bulk groups: commit after issuing, then wait for the groups' reads of shared
-// memory (before refilling it) or for their writes (before the kernel ends).
+// this thread's bulk groups: commit after issuing, then wait until at most K groups still
+// read shared memory (before refilling it) or until every group's writes are done (before the
+// kernel ends).
 __device__ __forceinline__ void bulk_store(void* dst, unsigned src, unsigned bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+template <int K>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(K) : "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Programmatic dependent launch: a kernel launched with it may start before the previous
 // kernel on its stream ends; grid_dependency_wait() waits for that kernel's end and results

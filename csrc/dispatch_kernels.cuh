@@ -149,6 +149,47 @@ __device__ __forceinline__ void publish_round(const Params& p, int64_t* offs, in
   p.state[8] = (unsigned long long)nmax;
 }
 
+// The plan's read of the [gridDim.x chunks, L] count matrix: thread columns of W experts each
+// (one W * 4-byte load a chunk), R threads a column sharing the chunks, BATCH loads in flight;
+// adds chunk c's earlier chunks into before[e] and every chunk into totals[e] (shared).
+template <int W, int BATCH>
+__device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, int L, int c, int tid, int* before,
+                                                  int* totals) {
+  using Vec = std::conditional_t<W == 4, int4, int>;
+  static_assert(sizeof(Vec) == 4 * W, "W must be 1 or 4");
+  const int LW = L / W, nch = (int)gridDim.x;
+  const int cols = LW < (int)blockDim.x ? LW : (int)blockDim.x;
+  const int R = (int)blockDim.x / cols;  // threads per column
+  const int r0 = tid / cols;
+  if (r0 >= R) return;
+  const Vec* rows = reinterpret_cast<const Vec*>(cnt);
+  for (int ew = tid % cols; ew < LW; ew += cols) {
+    int b[W] = {}, tot[W] = {};
+    for (int c0 = r0; c0 < nch; c0 += R * BATCH) {
+      Vec v[BATCH];
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        const int cc = c0 + j * R;
+        v[j] = cc < nch ? __ldcg(&rows[(long long)cc * LW + ew]) : Vec{};
+      }
+#pragma unroll
+      for (int j = 0; j < BATCH; ++j) {
+        const int* vj = reinterpret_cast<const int*>(&v[j]);
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+          tot[w] += vj[w];
+          if (c0 + j * R < c) b[w] += vj[w];
+        }
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      atomicAdd(&before[ew * W + w], b[w]);
+      atomicAdd(&totals[ew * W + w], tot[w]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
 // warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
@@ -226,67 +267,13 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   __syncthreads();
   stamp_exit(ST_PLAN_BARRIER);
   // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
-  // and the expert offsets: the loads of a thread are independent (PLAN_BATCH in flight), so
+  // and the expert offsets: the loads of a thread are independent (sum_count_columns), so
   // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
   // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
-  if (p.plan_vec && (L & 3) == 0) {
-    // Round 33: four experts a thread by 16-byte loads (rows of L ints, 16-byte aligned), so
-    // 4x as many threads share the chunks and each waits for 4x fewer load rounds.
-    constexpr int PLAN_BATCH4 = 8;
-    const int L4 = L >> 2;
-    const int cols = L4 < (int)blockDim.x ? L4 : (int)blockDim.x;
-    const int R = (int)blockDim.x / cols;
-    const int r0 = tid / cols;
-    const int4* cnt4 = reinterpret_cast<const int4*>(p.cnt);
-    if (r0 < R) {
-      for (int e4 = tid % cols; e4 < L4; e4 += cols) {
-        int4 b = {0, 0, 0, 0}, tot = {0, 0, 0, 0};
-        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH4) {
-          int4 v[PLAN_BATCH4];
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH4; ++j) {
-            const int cc = c0 + j * R;
-            v[j] = cc < (int)gridDim.x ? __ldcg(&cnt4[(long long)cc * L4 + e4]) : int4{0, 0, 0, 0};
-          }
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH4; ++j) {
-            tot.x += v[j].x, tot.y += v[j].y, tot.z += v[j].z, tot.w += v[j].w;
-            if (c0 + j * R < c) b.x += v[j].x, b.y += v[j].y, b.z += v[j].z, b.w += v[j].w;
-          }
-        }
-        const int e = 4 * e4;
-        atomicAdd(&before[e], b.x), atomicAdd(&before[e + 1], b.y);
-        atomicAdd(&before[e + 2], b.z), atomicAdd(&before[e + 3], b.w);
-        atomicAdd(&totals[e], tot.x), atomicAdd(&totals[e + 1], tot.y);
-        atomicAdd(&totals[e + 2], tot.z), atomicAdd(&totals[e + 3], tot.w);
-      }
-    }
-  } else {
-    constexpr int PLAN_BATCH = 16;
-    const int cols = L < (int)blockDim.x ? L : (int)blockDim.x;
-    const int R = (int)blockDim.x / cols;  // threads per expert column
-    const int r0 = tid / cols;
-    if (r0 < R) {
-      for (int e = tid % cols; e < L; e += cols) {
-        int b = 0, tot = 0;
-        for (int c0 = r0; c0 < (int)gridDim.x; c0 += R * PLAN_BATCH) {
-          int v[PLAN_BATCH];
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            const int cc = c0 + j * R;
-            v[j] = cc < (int)gridDim.x ? __ldcg(&p.cnt[(long long)cc * L + e]) : 0;
-          }
-#pragma unroll
-          for (int j = 0; j < PLAN_BATCH; ++j) {
-            tot += v[j];
-            if (c0 + j * R < c) b += v[j];
-          }
-        }
-        atomicAdd(&before[e], b);
-        atomicAdd(&totals[e], tot);
-      }
-    }
-  }
+  // Round 33: four experts a thread by 16-byte loads where L % 4 == 0 (rows of L ints, 16-byte
+  // aligned), so 4x as many threads share the chunks and each waits for 4x fewer load rounds.
+  if (p.plan_vec && (L & 3) == 0) sum_count_columns<4, 8>(p.cnt, L, c, tid, before, totals);
+  else sum_count_columns<1, 16>(p.cnt, L, c, tid, before, totals);
   __syncthreads();
   if (warp == 0) {
     int e0, e1, off;
@@ -370,7 +357,8 @@ __device__ __forceinline__ void store_scale_vec(const Params& p, float* __restri
 
 // Warp: where token (gg, tt)'s row is read from (the own group's from x, another group's from
 // its slot once lane 0 saw its flag); null when there is nothing to copy (no rows, or a timeout).
-// copy_token_piece keeps this inline: through the helper its dynamic kernel spilled 16 B.
+// copy_token_piece keeps this inline: through the helper (and with its scale source computed
+// right after, as there) its dynamic kernel spilled 16 B, twice tried.
 __device__ __forceinline__ const char* token_source(const Params& p, const char* __restrict__ x, int nk, int gg, int tt,
                                                     unsigned long long round, int lane) {
   const bool own = gg == p.group;
@@ -418,7 +406,7 @@ __device__ __forceinline__ void copy_token_bulk(const Params& p, char* __restric
   if (!src) return;
   if (lane == 0) {
     const unsigned bytes = (unsigned)p.row_bytes;
-    bulk_wait_read_all();
+    bulk_wait_read<0>();
     if (gg != p.group) fence_proxy_async_global();  // the bulk load reads what the flag's acquire made visible
     mbar_arrive_expect(bar, bytes);
     bulk_load(buf, src, bytes, bar);

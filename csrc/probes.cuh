@@ -105,12 +105,11 @@ __global__ void __launch_bounds__(PROBE_THREADS, 1) bulk_store_probe_kernel(char
   for (long long c = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c * PROBE_BULK < nbytes; c += nwarps) {
     const long long off = c * PROBE_BULK;
     const unsigned size = (unsigned)(nbytes - off < PROBE_BULK ? nbytes - off : PROBE_BULK);
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + off), "r"(sa), "r"(size)
-                 : "memory");
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PROBE_BULK_AHEAD) : "memory");
+    bulk_store(dst + off, sa, size);
+    bulk_commit();
+    bulk_wait_read<PROBE_BULK_AHEAD>();
   }
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the writes done before the kernel ends
+  bulk_wait_all();  // the writes done before the kernel ends
 }
 
 // Modes 3-6: loads by bulk copies (TMA) into shared memory, in the shape of the few-SM combine
