@@ -5,6 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.12}
+# torch's CUDA build with its libraries takes ~6 GB in .venv, plus its wheels while pip
+# unpacks them: say so plainly before pip fails half-way with "No space left on device".
+NEED_GB=${MOE_BACKEND_SETUP_NEED_GB:-9}
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  for dir in . "${TMPDIR:-/tmp}"; do
+    free_gb=$(( $(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1048576 ))
+    if [ "$free_gb" -lt "$NEED_GB" ]; then
+      echo "setup_env.sh: $free_gb GB free under $(cd "$dir" && pwd); installing torch needs about" \
+        "$NEED_GB GB (set MOE_BACKEND_SETUP_NEED_GB to change the check). Free some space and rerun." >&2
+      exit 1
+    fi
+  done
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
