@@ -1,4 +1,4 @@
-"""`moe-backend`: info, bench and selftest.
+"""`moe-backend`: info, bench, selftest, train, train-bench and layer-bench.
 
 `bench` and `selftest` start their own local processes (gloo on CPU, NCCL when there is a
 GPU per rank) unless already running under torchrun, in which case they use its ranks.
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from . import bench as benchmod
 from . import latency_floor, sm_ceilings
 from .backends import nvshmem_available
+from .cli_args import nonnegative_int, positive_int
 from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import init_process_group, spawn, under_torchrun
 
@@ -68,7 +69,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"backend 'auto' picks: {'nvshmem' if ok else 'reference'}")
     preset = load_bench(resolve_preset(args.config))
     world = args.world_size or preset.bench.world_size
-    spec = preset.comm.to_spec(world)
+    try:
+        spec = preset.comm.to_spec(world)
+    except ValueError as err:
+        raise ConfigError(f"{preset.name} at world size {world}: {err}") from None
     print(f"config {preset.name} at world size {world}: {spec.describe()}")
     print(f"  local experts {spec.num_local_experts}, groups {spec.num_groups}, "
           f"max rows received per rank {spec.max_recv_tokens}")
@@ -109,7 +113,16 @@ def _bench_body(presets: list[BenchPreset], backend: str, out: str | None, plot:
         say(f"no plot: {why_not}" if why_not else f"wrote {plot}")
 
 
+def require_backend(backend: str) -> None:
+    """`--backend nvshmem` where it cannot run: one clear error before any process starts."""
+    if backend == "nvshmem":
+        ok, why = nvshmem_available()
+        if not ok:
+            raise ConfigError(f"--backend nvshmem: unavailable here ({why}); use 'auto' or 'reference'")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    require_backend(args.backend)
     names = sorted(p.stem for p in bench_presets_dir().glob("*.yaml")) if args.all_presets else [args.config]
     presets = []
     for name in names:
@@ -132,16 +145,28 @@ def _selftest_body(backend: str, seed: int, tp_sizes: list[int]) -> None:
     from .testing import contract_matrix
 
     for tp in tp_sizes:
-        if dist.get_world_size() % tp:
-            continue
         count = contract_matrix(backend, tp, seed)
         say(f"selftest: backend {backend}, tp_size {tp}: {count} contract cases passed bit for bit")
 
 
+def selftest_tp_sizes(requested: list[int] | None, world: int) -> list[int]:
+    """The attention-TP sizes to check: each must divide the world size (default: 1 and 2
+    where 2 divides it)."""
+    if requested is None:
+        return [tp for tp in (1, 2) if world % tp == 0]
+    bad = [tp for tp in requested if world % tp]
+    if bad:
+        raise ConfigError(f"--tp-size {bad} does not divide the world size {world}")
+    return requested
+
+
 def cmd_selftest(args: argparse.Namespace) -> int:
+    require_backend(args.backend)
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
+    tp_sizes = selftest_tp_sizes(args.tp_size, world)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     say(f"selftest seed {seed}")
-    return _launch(_selftest_body, args.world_size, args.backend, seed, args.tp_size)
+    return _launch(_selftest_body, args.world_size, args.backend, seed, tp_sizes)
 
 
 def _launch(fn: Any, world: int, *args: Any) -> int:
@@ -164,28 +189,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="versions, devices, P2P matrix, NVSHMEM, buffer sizes for a config")
     info.add_argument("--config", default="deepseek_decode", help="bench preset name or YAML path")
-    info.add_argument("--world-size", type=int, help="group size for the sizes (default: the preset's)")
+    info.add_argument("--world-size", type=positive_int, help="group size for the sizes (default: the preset's)")
     info.set_defaults(fn=cmd_info)
 
     b = sub.add_parser("bench", help="time dispatch/combine and their halves for a preset")
     b.add_argument("--config", default="deepseek_decode", help="preset name in configs/bench or a YAML path")
     b.add_argument("--all-presets", action="store_true", help="run every preset in configs/bench")
     b.add_argument("--backend", default="auto", choices=["auto", "reference", "nvshmem", "all"])
-    b.add_argument("--world-size", type=int, help="local processes to start (ignored under torchrun)")
-    b.add_argument("--iters", type=int, help="override the preset's measured iterations")
-    b.add_argument("--warmup", type=int, help="override the preset's warm-up iterations")
-    b.add_argument("--num-tokens", type=int, nargs="+", help="override the preset's tokens per rank")
+    b.add_argument("--world-size", type=positive_int, help="local processes to start (ignored under torchrun)")
+    b.add_argument("--iters", type=positive_int, help="override the preset's measured iterations")
+    b.add_argument("--warmup", type=nonnegative_int, help="override the preset's warm-up iterations")
+    b.add_argument("--num-tokens", type=positive_int, nargs="+", help="override the preset's tokens per rank")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
-    b.add_argument("--sms", type=int, nargs="+", metavar="N",
+    b.add_argument("--sms", type=positive_int, nargs="+", metavar="N",
                    help="also time nvshmem-nvlink with its kernels sized for only N SMs (rows nvshmem-nvlink-<N>sm), "
                         "and measure what N SMs can load, store and store over NVLink")
     b.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("selftest", help="run the contract checks across processes")
     s.add_argument("--backend", default="auto", choices=["auto", "reference", "nvshmem"])
-    s.add_argument("--world-size", type=int, default=2)
-    s.add_argument("--tp-size", type=int, nargs="+", default=[1, 2])
+    s.add_argument("--world-size", type=positive_int, default=2)
+    s.add_argument("--tp-size", type=positive_int, nargs="+",
+                   help="attention-TP sizes to check; each must divide the world size (default: 1 and 2)")
     s.add_argument("--seed", type=int, help="input seed (default: fresh)")
     s.set_defaults(fn=cmd_selftest)
     from .training.cli import add_train_bench_parser, add_train_parser  # lazy: megatron is optional

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from .bench import Clock, max_over_ranks, stats
+from .cli_args import positive_int
 
 # Order of the runs: alltoall first (the baseline of the ratios and the output check).
 DISPATCHERS = ("alltoall", "nvshmem", "reference", "allgather", "flex")
@@ -664,18 +665,21 @@ def add_layer_bench_parser(subparsers: Any) -> None:
     p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["deepseek", "mixtral"])
     p.add_argument("--dispatchers", nargs="+", choices=DISPATCHERS, default=list(DISPATCHERS),
                    help="default: all; those that cannot run here are recorded as skipped")
-    p.add_argument("--tokens", type=int, help="tokens per rank (default 4096; --quick 128)")
-    p.add_argument("--deepseek-ffn", type=int, help="moe_ffn_hidden_size of the DeepSeek-like shape (default 512)")
-    p.add_argument("--mixtral-ffn", type=int, help="moe_ffn_hidden_size of the Mixtral-like shape (default 14336)")
-    p.add_argument("--warmup", type=int, help="warm-up iterations (default 5; --quick 1)")
-    p.add_argument("--iters", type=int, help="measured iterations (default 20; --quick 2)")
+    p.add_argument("--tokens", type=positive_int, help="tokens per rank (default 4096; --quick 128)")
+    p.add_argument("--deepseek-ffn", type=positive_int,
+                   help="moe_ffn_hidden_size of the DeepSeek-like shape (default 512)")
+    p.add_argument("--mixtral-ffn", type=positive_int,
+                   help="moe_ffn_hidden_size of the Mixtral-like shape (default 14336)")
+    p.add_argument("--warmup", type=positive_int, help="warm-up iterations (default 5; --quick 1)")
+    p.add_argument("--iters", type=positive_int, help="measured iterations (default 20; --quick 2)")
     p.add_argument("--experts", choices=["auto", "sequential", "te-grouped"], default="auto",
                    help="auto: TEGroupedMLP if transformer-engine imports, else SequentialMLP")
     p.add_argument("--routing", choices=["balanced", "router"], default="balanced",
                    help="balanced: Megatron's moe_router_force_load_balancing (its perf test's); router: top-k")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 1 warm-up + 2 measured iterations (smoke)")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--world-size", type=int, default=2, help="local processes to start (ignored under torchrun)")
+    p.add_argument("--world-size", type=positive_int, default=2,
+                   help="local processes to start (ignored under torchrun)")
     p.add_argument("--cpu", action="store_true", help="gloo on CPU, reference dispatcher only (debugging)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the local processes are killed")
     p.add_argument("--out", default="out/layer_bench.json", help="JSON path (rewritten after every dispatcher)")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from moe_backend.bench import PHASES
 
@@ -67,17 +68,49 @@ def test_selftest_passes_on_reference() -> None:
 @pytest.mark.parametrize("args, pattern", [
     (["bench", "--config", "nope"], "no config file or preset named 'nope'"),
     (["bench", "--config", "mixtral", "--num-tokens", "5000"], r"not in \[1, comm.max_num_tokens=4096\]"),
+    # Counts are checked by argparse, before any process starts (0 once meant "the preset's").
+    (["bench", "--world-size", "0"], "argument --world-size: must be an integer >= 1, got 0"),
+    (["bench", "--sms", "48", "0"], "argument --sms: must be an integer >= 1, got 0"),
+    (["bench", "--warmup", "-1"], "argument --warmup: must be an integer >= 0, got -1"),
+    (["bench", "--iters", "ten"], "argument --iters: not an integer: 'ten'"),
+    (["selftest", "--world-size", "0"], "argument --world-size: must be an integer >= 1"),
+    # A TP size that does not divide the world size was once skipped: a selftest of nothing.
+    (["selftest", "--backend", "reference", "--world-size", "3", "--tp-size", "1", "2"],
+     r"--tp-size \[2\] does not divide the world size 3"),
+    (["info", "--world-size", "3"], "deepseek-decode at world size 3: num_experts=256 must be divisible"),
+    (["train", "--steps", "-1"], "argument --steps: must be an integer >= 1"),
+    (["layer-bench", "--tokens", "0"], "argument --tokens: must be an integer >= 1"),
 ])
 def test_bad_arguments_are_reported(args: list[str], pattern: str) -> None:
     res = cli(*args)
     assert res.returncode == 2
     assert re.search(pattern, res.stderr), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("args, pattern", [
+    (["bench", "--backend", "nvshmem"], r"--backend nvshmem: unavailable here \(no CUDA device\)"),
+    (["selftest", "--backend", "nvshmem"], r"--backend nvshmem: unavailable here"),
+    (["train", "--dispatcher", "nvshmem", "--steps", "6"], "dispatcher: 'nvshmem' needs CUDA GPUs"),
+])
+def test_gpu_only_choices_are_refused_on_cpu_before_launch(args: list[str], pattern: str) -> None:
+    res = cli(*args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert re.search(pattern, res.stderr), res.stderr
+    assert "starting" not in res.stdout and "Traceback" not in res.stderr  # no process was started
+
+
+def test_selftest_default_tp_sizes_follow_the_world_size() -> None:
+    from moe_backend.cli import selftest_tp_sizes
+
+    assert selftest_tp_sizes(None, 2) == [1, 2]
+    assert selftest_tp_sizes(None, 3) == [1]
+    assert selftest_tp_sizes([1, 4], 8) == [1, 4]
 
 
 def test_bench_rows_with_fewer_sms(monkeypatch) -> None:
     """`bench --sms N` adds nvlink rows with the kernels sized for N SMs, where nvshmem runs."""
-    import torch
-
     from moe_backend import bench
 
     assert bench.backends_to_run("all", torch.device("cpu"), [24]) == [("reference", "reference", {})]

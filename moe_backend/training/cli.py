@@ -13,9 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..cli_args import positive_int
 from ..config import ConfigError
 from ..launch import init_process_group, spawn, under_torchrun
-from ..train_config import DISPATCHERS, TrainConfig, load_train, resolve_train_config
+from ..train_config import DISPATCHERS, TrainConfig, check_device, load_train, resolve_train_config
 from . import report
 
 
@@ -72,6 +73,7 @@ def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
         return
     world = cfg.parallel.world_size
     backend = dist_backend(world)
+    check_device(cfg, backend == "nccl")  # in the parent: a clear error, not one traceback per rank
     report.say(f"starting {world} local processes ({backend})")
     spawn(fn, world, cfg, *args, dist_backend=backend, timeout=3600)
 
@@ -88,9 +90,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="tiny", help="name in configs/train or a YAML path (default: tiny)")
-    p.add_argument("--steps", type=int, help="override train.steps")
-    p.add_argument("--world-size", type=int, help="local processes to start (ignored under torchrun)")
-    p.add_argument("--ep", type=int, help="override parallel.ep (e.g. --world-size 8 --ep 8 for EP8)")
+    p.add_argument("--steps", type=positive_int, help="override train.steps")
+    p.add_argument("--world-size", type=positive_int, help="local processes to start (ignored under torchrun)")
+    p.add_argument("--ep", type=positive_int, help="override parallel.ep (e.g. --world-size 8 --ep 8 for EP8)")
 
 
 def add_train_parser(subparsers: Any) -> None:
