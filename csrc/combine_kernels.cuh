@@ -411,7 +411,7 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
 // <= 96 registers (__maxnreg__; the put path would take ~120): one send block (512 x 96)
 // must fit an SM beside one concurrent receive block (see launch_combine_recv). (Two blocks
 // per SM at 64 registers, for the sequential prefill combine, spilled and measured slower:
-// 240 vs 208 us, docs/KERNELS.md.) With bulk loads, 128: that kernel is fused (no receive
+// 240 vs 208 us, docs/PERF_NOTES.md.) With bulk loads, 128: that kernel is fused (no receive
 // beside it) and its ring's shared memory holds one block per SM anyway; the wide bulk steps'
 // sums spilled at 96.
 // The next work item of a warp: from a counter (dynamic; every item claimed is in progress,

@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   // Every block reads the whole [nchunks, L] count matrix itself and derives its chunk's bases
   // and the expert offsets: the loads of a thread are independent (sum_count_columns), so
   // this costs a few L2 round trips, where a serial scan by one block cost one per chunk
-  // batch, each slow while a concurrent send loads the memory system (docs/KERNELS.md).
+  // batch, each slow while a concurrent send loads the memory system (docs/PERF_NOTES.md).
   // Round 33: four experts a thread by 16-byte loads where L % 4 == 0 (rows of L ints, 16-byte
   // aligned), so 4x as many threads share the chunks and each waits for 4x fewer load rounds.
   if (p.plan_vec && (L & 3) == 0) sum_count_columns<4, 8>(p.cnt, L, c, tid, before, totals);

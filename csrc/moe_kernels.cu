@@ -332,7 +332,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
     // MOE_BACKEND_NVSHMEM_CE_DECAY=d (0 < d <= 1): chunks that shrink by d, so the last chunk,
-    // whose rows the receive writes only after every transfer, is the smallest (docs/KERNELS.md,
+    // whose rows the receive writes only after every transfer, is the smallest (docs/PERF_NOTES.md,
     // round 28: prepared, not yet measured at EP2; 1 = the equal split, the default).
     if (const char* d = std::getenv("MOE_BACKEND_NVSHMEM_CE_DECAY"); d && *d) {
       char* end = nullptr;

@@ -41,7 +41,7 @@ The copy kernel of the dispatch receive cuts each token's row into pieces, one w
 when the arena's tokens alone would not fill a block per SM (`MOE_BACKEND_NVSHMEM_COPY_PIECES=k`
 caps the pieces per token; 1 = one warp per token); for such small arenas it is launched
 programmatically (PDL) beside the plan kernel (`MOE_BACKEND_NVSHMEM_PDL=0` never, `=1` for
-every arena; docs/KERNELS.md, round 13). For larger arenas (one warp per token, from a work
+every arena; docs/PERF_NOTES.md, round 13). For larger arenas (one warp per token, from a work
 counter) a warp loads the token's row into shared memory by one bulk (TMA) copy and writes each
 expert row by one bulk store, where rows are 16-byte aligned (`MOE_BACKEND_NVSHMEM_COPY_BULK=0`
 stores from registers); the plan kernel reads the per-chunk counts by 16-byte loads where the
@@ -50,7 +50,7 @@ Copy-engine send (nvlink, overlap on): when nearly every token has an expert on 
 rank (>= 0.99 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks, not 4) and a call
 sends >= 1024 tokens, the tokens cross by copy-engine copies in 4 chunks, each chunk's flags
 raised by a small kernel, instead of by the send kernel's SM stores: the SMs are left to the
-receive (DeepSeek prefill dispatch 263 -> 231 us, docs/KERNELS.md, round 15). Every token then
+receive (DeepSeek prefill dispatch 263 -> 231 us, docs/PERF_NOTES.md, round 15). Every token then
 crosses to every other group. Off with `CUDA_DEVICE_MAX_CONNECTIONS=1` (one hardware queue:
 the receive would wait behind the chunks). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for
 every call; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
@@ -60,7 +60,7 @@ peers' devices (a context on each).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra
-stream hop costs ~1-2 us on a dispatch with nothing in between (docs/KERNELS.md, round 7).
+stream hop costs ~1-2 us on a dispatch with nothing in between (docs/PERF_NOTES.md, round 7).
 """
 
 from __future__ import annotations

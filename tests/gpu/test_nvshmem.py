@@ -118,7 +118,7 @@ def _contract_with_few_sms(seed, count):
 
 
 def test_contract_suite_copy_variants():
-    """The dispatch copy's launch and work-item variants (docs/KERNELS.md, round 13): one warp
+    """The dispatch copy's launch and work-item variants (docs/PERF_NOTES.md, round 13): one warp
     per token without the programmatic launch (MOE_BACKEND_NVSHMEM_COPY_PIECES=1,
     MOE_BACKEND_NVSHMEM_PDL=0), then every copy launched programmatically, the work-counter
     copy of a large arena included (MOE_BACKEND_NVSHMEM_PDL=1): the same results, rounds and
