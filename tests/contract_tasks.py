@@ -1,6 +1,7 @@
 """Bodies of the contract tests, run on every rank of a pool; backend-independent.
 
-The CPU suite runs them on `reference` over gloo; the GPU suite on `nvshmem` over NCCL.
+The CPU suite runs them on `reference` over gloo; the GPU suite (`_workers.contract_tasks_worker`)
+on `nvshmem` over NCCL, both transports, at world sizes 1 and 2.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def _raises(exc: type[BaseException], pattern: str, fn: Callable[[], Any]) -> No
     raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
-def bad_inputs(backend: str) -> int:
+def bad_inputs(backend: str, options: dict | None = None) -> int:
     """Each bad input raises a clear error before communicating; the communicator stays usable."""
     spec = make_spec(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16)
-    comm = Communicator(spec, backend=backend)
+    comm = Communicator(spec, backend=backend, **(options or {}))
     (x, ids, w, s), device = _inputs(spec)
     T = x.shape[0]
     E = spec.num_experts
@@ -91,7 +92,7 @@ def bad_inputs(backend: str) -> int:
     _raises(ValueError, r"expert_y must have at least", lambda: comm.combine(y[:0], result.handle))
     _raises(ValueError, r"out must have shape", lambda: comm.combine(y, result.handle, out=y[:1]))
     _raises(TypeError, r"handle must be the Handle", lambda: comm.combine(y, "handle"))
-    other = Communicator(spec, backend=backend)
+    other = Communicator(spec, backend=backend, **(options or {}))
     _raises(ValueError, r"another communicator", lambda: other.combine(y, result.handle))
     comm.combine(y, result.handle)
     _raises(ValueError, r"handle is from round 1 but the latest dispatch is round 2",
@@ -102,10 +103,10 @@ def bad_inputs(backend: str) -> int:
     return checks + 8
 
 
-def split_phases(backend: str) -> None:
+def split_phases(backend: str, options: dict | None = None) -> None:
     """Send and receive as separate calls, with other work between; receivers are one-shot."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    comm = Communicator(spec, backend=backend)
+    comm = Communicator(spec, backend=backend, **(options or {}))
     (x, ids, w, _), device = _inputs(spec, seed=11)
     whole = comm.dispatch(x, ids, w)
     ref_out = comm.combine(whole.tokens, whole.handle, weights=whole.weights)
@@ -140,11 +141,11 @@ def broken_backend_case() -> None:
     run_case(comm, Case(spec, "uniform", seed=5, num_tokens_mode="none"))
 
 
-def padded_view(backend: str) -> None:
+def padded_view(backend: str, options: dict | None = None) -> None:
     """`padded()` places expert e's i-th row at [e, i] and zeros elsewhere, for every dtype."""
     for dtypes in (DTYPE_COMBOS[0], DTYPE_COMBOS[3]):
         spec = make_spec(**dtypes)
-        comm = Communicator(spec, backend=backend)
+        comm = Communicator(spec, backend=backend, **(options or {}))
         (x, ids, w, s), _ = _inputs(spec, seed=21)
         result = comm.dispatch(x, ids, w, s)
         batches = result.padded()

@@ -216,13 +216,24 @@ def timeout_worker(transport: str) -> None:
     dist.barrier()
 
 
-def host_valid_rows_worker() -> None:
-    """combine of just the valid rows once the handle knows their count (tests/contract_tasks.py)."""
+def contract_tasks_worker() -> None:
+    """The contract tasks the CPU suite runs on the reference (tests/contract_tasks.py), on the
+    nvshmem backend with each transport: every bad input refused before communicating and the
+    communicator usable after, send and receive split with work between, `padded()`, and
+    combine of just the valid rows once the handle knows their count."""
     import os
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import contract_tasks
 
-    contract_tasks.host_valid_rows("nvshmem")
+    for transport in ("put", "nvlink"):
+        options = {"transport": transport}
+        try:
+            assert contract_tasks.bad_inputs("nvshmem", options) > 15
+            contract_tasks.split_phases("nvshmem", options)
+            contract_tasks.padded_view("nvshmem", options)
+            contract_tasks.host_valid_rows("nvshmem", options)
+        except Exception as err:
+            raise AssertionError(f"[{transport}] {err}") from err
     contract_tasks.host_valid_rows("reference")

@@ -232,5 +232,5 @@ def test_timeout_names_phase_and_peer():
     launch.spawn(_workers.timeout_worker, 2, "nvlink", dist_backend="nccl", timeout=45)
 
 
-def test_combine_of_valid_rows_only():
-    launch.spawn(_workers.host_valid_rows_worker, 2, dist_backend="nccl", timeout=60)
+def test_contract_tasks_bad_inputs_split_phases_padded_valid_rows():
+    launch.spawn(_workers.contract_tasks_worker, 2, dist_backend="nccl", timeout=120)

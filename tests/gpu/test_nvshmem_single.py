@@ -123,6 +123,11 @@ def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
 
 
+def test_contract_tasks_on_one_gpu() -> None:
+    """Bad inputs, split phases, `padded()` and valid-row combines at world 1, both transports."""
+    launch.spawn(_workers.contract_tasks_worker, 1, dist_backend="nccl", timeout=120)
+
+
 def test_bulk_load_probe_loads_every_stage() -> None:
     """The benchmark's bulk-load ceilings (rate_probe modes 3-6: 1 KB, 4 KB, 512 B and 2 KB bulk copies
     in the few-SM combine's ring shape) really load: the XOR of the blocks' words is the XOR of the
