@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The performance targets, read off benchmark JSON as `moe-backend bench` wrote it.
+
+    python3 scripts/check_targets.py results/gpu/RUN/bench.json [more.json ...] [--json OUT]
+
+The targets are EP2's (two GPUs of one host): a file written at another world size is skipped.
+Each target is checked in every file that has the rows it needs (nvshmem-nvlink unless it
+says otherwise; medians of the slowest rank, each op = send + receive):
+- DeepSeek decode (fp8 + scales dispatch, bf16 combine), 128 tokens: dispatch <= 15 us,
+  combine <= 22 us; 1 token: both <= 10 us.
+- DeepSeek prefill (bf16), 4096 tokens: dispatch <= 210 us, combine <= 230 us; with the
+  kernels sized for 24 SMs (`--sms 24` rows) at least 80% of that speed.
+- put within 1.3x of nvlink on every row (both ops, every preset and token count).
+- overlap (the sweep preset's rows): dispatch send, an independent matmul, dispatch receive
+  take at most 1.15x the longer of the two alone.
+Prints one line per check and a count of those met; `--json` writes them too. Exit code 0
+whatever was met (it is a report); 2 when no file has a row any target needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET_WORLD = 2
+NVLINK = "nvshmem-nvlink"
+PUT = "nvshmem-put"
+FEW_SMS = "nvshmem-nvlink-24sm"
+
+
+@dataclass
+class Check:
+    target: str
+    source: str
+    measured: float
+    limit: float
+    met: bool
+
+
+def _rows(report: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """(preset, backend, tokens) -> row, over every preset of one file."""
+    return {(p["preset"], r["backend"], r["num_tokens"]): r for p in report["results"] for r in p["rows"]}
+
+
+def _median(row: dict[str, Any], op: str) -> float:
+    return float(row["phases"][op]["median"])
+
+
+def _at_most(target: str, source: str, value: float, limit: float) -> Check:
+    return Check(target, source, round(value, 3), limit, value <= limit)
+
+
+def checks_for(report: dict[str, Any], source: str) -> list[Check]:
+    rows = _rows(report)
+    found: list[Check] = []
+    for tokens, limits in ((128, {"dispatch": 15.0, "combine": 22.0}), (1, {"dispatch": 10.0, "combine": 10.0})):
+        row = rows.get(("deepseek-decode", NVLINK, tokens))
+        for op, limit in limits.items():
+            if row:
+                found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit))
+    full = rows.get(("deepseek-prefill", NVLINK, 4096))
+    few = rows.get(("deepseek-prefill", FEW_SMS, 4096))
+    for op, limit in (("dispatch", 210.0), ("combine", 230.0)):
+        if full:
+            found.append(_at_most(f"prefill 4096 {op} (us)", source, _median(full, op), limit))
+        if full and few:
+            # Speed kept with 24 SMs = full-GPU time / 24-SM time; the target is >= 0.8.
+            kept = _median(full, op) / _median(few, op)
+            found.append(Check(f"prefill 4096 {op}, 24 SMs: speed kept", source, round(kept, 3), 0.8, kept >= 0.8))
+    for (preset, backend, tokens), row in sorted(rows.items()):
+        other = rows.get((preset, NVLINK, tokens))
+        if backend != PUT or not other:
+            continue
+        for op in ("dispatch", "combine"):
+            if op in row["phases"] and op in other["phases"]:
+                ratio = _median(row, op) / _median(other, op)
+                found.append(_at_most(f"{preset} {tokens} {op}: put / nvlink", source, ratio, 1.3))
+    for (preset, backend, tokens), row in sorted(rows.items()):
+        if backend.startswith("nvshmem") and row.get("overlap"):
+            found.append(_at_most(f"{preset} {tokens} {backend}: overlap / longer alone", source,
+                                  row["overlap"]["ratio"], 1.15))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path, help="benchmark JSON written by `moe-backend bench --out`")
+    parser.add_argument("--json", type=Path, help="also write the checks here")
+    args = parser.parse_args(argv)
+    found: list[Check] = []
+    for path in args.files:
+        try:
+            report = json.loads(path.read_text())
+            world = report["machine"]["world_size"]
+            if world != TARGET_WORLD:
+                print(f"check_targets: {path}: skipped, world size {world} (the targets are EP{TARGET_WORLD}'s)")
+                continue
+            found += checks_for(report, str(path))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"check_targets: {path}: not a benchmark JSON ({type(err).__name__}: {err})", file=sys.stderr)
+            return 2
+    if not found:
+        print("check_targets: no file has a row that any target needs", file=sys.stderr)
+        return 2
+    for c in found:
+        print(f"{'met    ' if c.met else 'NOT met'}  {c.target:<58} {c.measured:>9.3f}  (limit {c.limit})  {c.source}")
+    print(f"{sum(c.met for c in found)} of {len(found)} checks met")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in found], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""scripts/check_targets.py reads the performance targets off benchmark JSON: checked on the
+committed run-22 results (measured on 2 x H200) and on small hand-written reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "check_targets.py"
+RUN22 = ROOT / "results" / "gpu" / "2026-12-01-run22"
+
+spec = importlib.util.spec_from_file_location("check_targets", SCRIPT)
+check_targets = importlib.util.module_from_spec(spec)
+sys.modules["check_targets"] = check_targets  # its dataclass looks its module up there
+spec.loader.exec_module(check_targets)
+
+
+def _row(backend: str, tokens: int, dispatch: float, combine: float, **extra) -> dict:
+    phases = {"dispatch": {"median": dispatch}, "combine": {"median": combine}}
+    return {"backend": backend, "num_tokens": tokens, "phases": phases, **extra}
+
+
+def _report(world: int, *presets: tuple[str, list[dict]]) -> dict:
+    return {"machine": {"world_size": world}, "results": [{"preset": p, "rows": rows} for p, rows in presets]}
+
+
+def test_run22_prefill_and_decode_as_the_readme_reports() -> None:
+    checks = check_targets.checks_for(json.loads((RUN22 / "call4/run22/bench.json").read_text()), "run22")
+    by = {c.target: c for c in checks}
+    combine, dispatch = by["prefill 4096 combine (us)"], by["prefill 4096 dispatch (us)"]
+    assert combine.met and combine.measured == pytest.approx(222.1, abs=0.1)
+    assert not dispatch.met and dispatch.measured == pytest.approx(234.2, abs=0.1)
+    assert not by["decode 128 token(s) dispatch (us)"].met
+    # 24 SMs kept 234.2 / 387.1 of the dispatch's speed.
+    assert by["prefill 4096 dispatch, 24 SMs: speed kept"].measured == pytest.approx(234.2 / 387.1, abs=0.002)
+    assert by["deepseek-decode 128 dispatch: put / nvlink"].met
+
+
+def test_limits_are_inclusive_and_every_put_row_is_paired() -> None:
+    report = _report(2, ("deepseek-decode", [
+        _row("nvshmem-nvlink", 128, 15.0, 22.0), _row("nvshmem-put", 128, 19.5, 22.0),
+        _row("nvshmem-nvlink", 1, 10.0, 10.1), _row("nvshmem-put", 1, 13.1, 10.1),
+        _row("nvshmem-put", 32, 20.0, 20.0),  # no nvlink row at 32: no ratio
+    ]))
+    got = {c.target: (c.measured, c.met) for c in check_targets.checks_for(report, "x")}
+    assert got["decode 128 token(s) dispatch (us)"] == (15.0, True)
+    assert got["decode 1 token(s) combine (us)"] == (10.1, False)
+    assert got["deepseek-decode 128 dispatch: put / nvlink"] == (1.3, True)
+    assert got["deepseek-decode 1 dispatch: put / nvlink"] == (1.31, False)
+    assert not any("32" in t for t in got)
+
+
+def test_overlap_rows_are_checked() -> None:
+    overlap = {"ratio": 1.2}
+    report = _report(2, ("deepseek-sweep", [_row("nvshmem-nvlink", 64, 20, 20, overlap=overlap),
+                                            _row("reference", 64, 900, 900, overlap={"ratio": 1.0})]))
+    (check,) = check_targets.checks_for(report, "x")
+    assert check.target == "deepseek-sweep 64 nvshmem-nvlink: overlap / longer alone" and not check.met
+
+
+def test_command_line(tmp_path: Path) -> None:
+    one = tmp_path / "ws1.json"
+    one.write_text(json.dumps(_report(1, ("deepseek-prefill", [_row("nvshmem-nvlink", 4096, 168, 190)]))))
+    out = tmp_path / "checks.json"
+    res = subprocess.run([sys.executable, str(SCRIPT), str(RUN22 / "call6/decode.json"), str(one), "--json", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "ws1.json: skipped, world size 1" in res.stdout
+    assert "NOT met  decode 128 token(s) dispatch (us)" in res.stdout
+    assert any(c["target"] == "decode 128 token(s) combine (us)" and c["met"] for c in json.loads(out.read_text()))
+    res = subprocess.run([sys.executable, str(SCRIPT), str(one)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no file has a row that any target needs" in res.stderr
+    res = subprocess.run([sys.executable, str(SCRIPT), str(ROOT / "README.md")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "not a benchmark JSON" in res.stderr
