@@ -34,6 +34,8 @@ rc=${PIPESTATUS[0]}
 # nvlink with the kernels sized for 24 SMs (the budget other libraries give communication).
 python3 -m moe_backend.cli bench --all-presets --backend all --sms 24 --world-size "$MOE_TEST_WORLD" \
   --out "$out/bench.json" --plot "$out/bench.png" 2>&1 | tee "$out/bench.log"
+# Each performance target met or not, off that JSON (EP2 only: other world sizes are skipped).
+python3 scripts/check_targets.py "$out/bench.json" --json "$out/targets.json" 2>&1 | tee "$out/targets.log" || true
 # The layer benchmark last, in whatever remains of the time budget (its JSON is rewritten
 # after every dispatcher, so a cut-short run still reports the dispatchers it finished).
 left=$(( ${GPU_CHECK_BUDGET_S:-300} - SECONDS ))
