@@ -93,6 +93,7 @@ def test_bad_arguments_are_reported(args: list[str], pattern: str) -> None:
     (["bench", "--backend", "nvshmem"], r"--backend nvshmem: unavailable here \(no CUDA device\)"),
     (["selftest", "--backend", "nvshmem"], r"--backend nvshmem: unavailable here"),
     (["train", "--dispatcher", "nvshmem", "--steps", "6"], "dispatcher: 'nvshmem' needs CUDA GPUs"),
+    (["train", "--dispatcher", "allgather", "--steps", "6"], "dispatcher: 'allgather' needs CUDA GPUs"),
 ])
 def test_gpu_only_choices_are_refused_on_cpu_before_launch(args: list[str], pattern: str) -> None:
     res = cli(*args)

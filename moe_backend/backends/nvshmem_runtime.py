@@ -7,7 +7,7 @@ imports `moe_backend._C` lazily.
 
 Lifetime: NVSHMEM is initialised once per process (nvshmem4py with a unique id broadcast
 over torch.distributed, then the extension registers its device state). Arenas are keyed
-by (spec, transport, timeout, ranks); every communicator with the same key shares one
+by (spec, transport, timeout, ranks, device, num_sms, send_stream); every communicator with the same key shares one
 (layers, micro-batches) as long as their rounds do not interleave (checked). An arena is
 freed, collectively, when the last communicator using it is closed, or by `shutdown()`.
 Nothing collective runs at interpreter exit (a peer may already be gone): the driver
