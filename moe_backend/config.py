@@ -7,6 +7,7 @@ errors that name the file and the key (`configs/bench/x.yaml: comm.topk: ...`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -112,6 +113,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
     if tp in (int, float, str, bool) and (type(value) is not tp):
         raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value

@@ -126,6 +126,10 @@ def _problems(c: TrainConfig) -> list[str]:
         "parallel.expert_tp": p.expert_tp, "train.steps": r.steps,
         "train.micro_batch_size": r.micro_batch_size,
     }
+    for key, value in (("model.num_query_groups", m.num_query_groups),
+                       ("model.shared_expert_hidden_size", m.shared_expert_hidden_size)):
+        if value is not None:  # optional, but when given megatron-core divides by it
+            positive[key] = value
     out += [f"{k}: must be >= 1, got {v}" for k, v in positive.items() if v < 1]
     if out:
         return [e for e in out if e]
@@ -183,6 +187,10 @@ def _problems(c: TrainConfig) -> list[str]:
         out.append(f"train.timing_warmup: {r.timing_warmup} must be in [0, steps={r.steps})")
     if m.aux_loss_coeff < 0:
         out.append(f"model.aux_loss_coeff: must be >= 0, got {m.aux_loss_coeff}")
+    if m.init_method_std <= 0:
+        out.append(f"model.init_method_std: must be > 0, got {m.init_method_std}")
+    if not 0 <= r.seed < 2**32:  # torch seeds are 64-bit; ranks and layers derive seed * 1000 + k
+        out.append(f"train.seed: must be in [0, 2**32), got {r.seed}")
     return [e for e in out if e]
 
 

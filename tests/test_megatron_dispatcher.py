@@ -313,11 +313,42 @@ def _check_plugin_helpers() -> None:
     assert out.shape == x.shape and x.grad is not None
 
 
+def _check_bad_construction_and_routing() -> None:
+    """Wrong experts, missing groups, misshapen routing, a second swap with other options:
+    each refused with a message naming it, before any communication."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from integration.megatron import DispatcherOptions, MoEBackendTokenDispatcher, swap_token_dispatchers
+
+    pg = _init(1, 2)
+    config = _config(1, 2)
+    L, first = E // 2, dist.get_rank() * (E // 2)
+    opts = DispatcherOptions(backend="reference")
+    with pytest.raises(ValueError, match=rf"local_expert_indices=\[7, 9\]: this EP rank holds experts \[{first}, "):
+        MoEBackendTokenDispatcher(L, [7, 9], config, pg, opts)
+    with pytest.raises(ValueError, match=r"pg_collection lacks the process groups \['tp_ep', 'ep', 'expt_tp'\]"):
+        MoEBackendTokenDispatcher(L, list(range(first, first + L)), config, ProcessGroupCollection(), opts)
+    # No pg_collection: Megatron's default groups, as MoEBackendLayer takes them.
+    default = MoEBackendTokenDispatcher(L, list(range(first, first + L)), config, None, opts)
+    assert default.mapping.world_size == 2 and default.mapping.num_local_experts == L
+    x = torch.randn(S * B, H)
+    _, routing_map = _random_routing(dist.get_rank(), S * B)
+    wide = torch.zeros(S * B, E + 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match=rf"routing_map \({S * B}, {E + 2}\) and probs .* \[tokens, num_moe_experts\]"):
+        default.dispatch_preprocess(x, wide, wide.float())
+    with pytest.raises(ValueError, match=r"routing_map .* must both be"):
+        default.dispatch_preprocess(x, routing_map, routing_map.float()[:, :TOPK])
+    layer = _layer_spec()(config=config, pg_collection=pg)
+    with pytest.raises(ValueError, match="already has our dispatcher with other options"):
+        swap_token_dispatchers(torch.nn.Sequential(layer), DispatcherOptions(backend="reference", pad_multiple=8))
+
+
 def _worker_ep2() -> None:
     _identity_round_trip(tp=1, ep=2, etp=None, sp=None)
     _check_round_trips(tp=1, ep=2, etp=None, sp=None, replicas=1)
     _check_layer(tp=1, ep=2, etp=None, sp=None, train=True)
     _check_plugin_helpers()
+    _check_bad_construction_and_routing()
 
 
 def _worker_tp2() -> None:
@@ -380,9 +411,53 @@ def test_megatron_dispatcher_ep2() -> None:
     spawn(_worker_ep2, 2)
 
 
+@pytest.mark.parametrize("options, error, message", [
+    ({"backend": "alltoall"}, ValueError, r"DispatcherOptions.backend must be one of \('auto', 'reference'"),
+    ({"pad_multiple": -4}, ValueError, r"DispatcherOptions.pad_multiple must be None or an integer >= 1, got -4"),
+    ({"pad_multiple": 0}, ValueError, r"pad_multiple must be None or an integer >= 1, got 0"),
+    ({"max_num_tokens": 0}, ValueError, r"DispatcherOptions.max_num_tokens must be None or an integer >= 1"),
+    ({"host_tokens_per_expert": "yes"}, TypeError, r"host_tokens_per_expert must be True or False"),
+    ({"backend_options": (("static_shapes", [1]),)}, TypeError, r"'static_shapes': the value must be hashable"),
+    ({"backend_options": ("transport",)}, TypeError, r"backend_options must be \(name, value\) pairs"),
+])
+def test_dispatcher_options_refuse_bad_values(options: dict, error: type, message: str) -> None:
+    """A bad option fails at construction (pad_multiple=-4 once dropped tokens silently)."""
+    from integration.megatron import DispatcherOptions
+
+    with pytest.raises(error, match=message):
+        DispatcherOptions(**options)
+
+
+def test_layer_spec_refuses_names_and_options_it_would_ignore() -> None:
+    from integration.megatron import DispatcherOptions, gpt_layer_spec
+
+    with pytest.raises(ValueError, match=r"dispatcher must be one of .*, got 'foo'"):
+        gpt_layer_spec("foo", use_te=False)
+    with pytest.raises(ValueError, match="options only apply to .*'alltoall' would ignore them"):
+        gpt_layer_spec("alltoall", use_te=False, options=DispatcherOptions())
+    with pytest.raises(ValueError, match="dispatcher 'nvshmem' with options.backend='reference': pick one"):
+        gpt_layer_spec("nvshmem", use_te=False, options=DispatcherOptions(backend="reference"))
+
+
 def test_megatron_dispatcher_static_shapes() -> None:
     spawn(_worker_ep2_static_shapes, 2)
 
 
 def test_megatron_dispatcher_expert_tp_and_replicas() -> None:
     spawn(_worker_tp2, 4)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"MOE_BACKEND_DISPATCHER": "refrence"}, "MOE_BACKEND_DISPATCHER must be one of"),
+    ({"MOE_BACKEND_GROUPED_GEMM": "true"}, "MOE_BACKEND_GROUPED_GEMM must be 0 or 1, got 'true'"),
+])
+def test_spec_module_names_a_bad_environment_variable(env: dict[str, str], message: str) -> None:
+    """`--spec integration.megatron.spec gpt_layer_spec` reads these at import: a typo must not
+    silently pick another dispatcher or turn a switch off."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "import integration.megatron.spec"], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=120)
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]

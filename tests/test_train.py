@@ -49,6 +49,22 @@ def test_tiny_trains_on_cpu_with_reference(tmp_path: Path) -> None:
     assert "step   40/40" in run.stdout and "done tiny (reference)" in run.stdout
 
 
+def test_top1_routing_trains_its_router(tmp_path: Path) -> None:
+    """topk 1 (Switch): the softmax must precede the top-1 (megatron-core refuses otherwise),
+    and the router then learns: its load-balancing loss moves and the loss goes down."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "train" / "tiny.yaml").read_text())
+    cfg["model"]["topk"] = 1
+    path = tmp_path / "top1.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = _cli("train", "--config", str(path), "--steps", "12", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert len({round(s["aux_loss"], 6) for s in steps}) > 1
+
+
 def test_bad_config_exits_with_explanation(tmp_path: Path) -> None:
     run = _cli("train", "--config", "tiny", "--world-size", "3", timeout=120)
     assert run.returncode == 2

@@ -67,6 +67,15 @@ def _load(tmp_path: Path, edit: dict) -> TrainConfig:
         ({"dispatcher_options.num_sms": 0}, "dispatcher_options.num_sms: must be >= 1"),
         ({"dispatcher_options.send_stream": "yes"}, "dispatcher_options.send_stream: expected bool"),
         ({"dispatcher_options.check_input": True}, "dispatcher_options.check_input: unknown key"),
+        # Values megatron-core or torch would trip over deep inside the ranks, or train on silently.
+        ({"train.lr": float("inf")}, "train.lr: expected a finite number, got inf"),
+        ({"train.grad_clip": float("nan")}, "train.grad_clip: expected a finite number, got nan"),
+        ({"model.aux_loss_coeff": float("nan")}, "model.aux_loss_coeff: expected a finite number"),
+        ({"dispatcher_options.timeout_s": float("inf")}, "dispatcher_options.timeout_s: expected a finite number"),
+        ({"model.num_query_groups": 0}, "model.num_query_groups: must be >= 1, got 0"),
+        ({"model.shared_expert_hidden_size": -64}, "model.shared_expert_hidden_size: must be >= 1, got -64"),
+        ({"model.init_method_std": -1.0}, "model.init_method_std: must be > 0, got -1.0"),
+        ({"train.seed": 10**20}, "train.seed: must be in [0, 2**32)"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, edit: dict, message: str) -> None:
@@ -88,10 +97,15 @@ def test_cpu_rejects_gpu_only_choices() -> None:
     cfg = load_train(resolve_train_config("mixtral_2gpu"))
     with pytest.raises(ConfigError, match="model.position_embedding: 'rope' needs CUDA"):
         check_device(cfg, on_gpu=False)
-    cfg.dispatcher = "alltoall"
-    with pytest.raises(ConfigError, match="dispatcher: 'alltoall' needs CUDA"):
+    cfg.model.position_embedding = "learned_absolute"
+    for name in ("alltoall", "allgather", "flex", "nvshmem"):
+        cfg.dispatcher = name
+        with pytest.raises(ConfigError, match=f"dispatcher: '{name}' needs CUDA"):
+            check_device(cfg, on_gpu=False)
+        check_device(cfg, on_gpu=True)
+    for name in ("reference", "auto"):
+        cfg.dispatcher = name
         check_device(cfg, on_gpu=False)
-    check_device(cfg, on_gpu=True)
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:

@@ -19,10 +19,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core.transformer.moe.moe_utils import get_align_size_for_quantization, get_capacity
+from megatron.core.transformer.moe.moe_utils import (
+    get_align_size_for_quantization,
+    get_capacity,
+    get_default_pg_collection,
+)
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 
 from moe_backend.autograd import DifferentiableCommunicator, Dispatched
+from moe_backend.backends import BACKENDS
 from moe_backend.spec import CommSpec
 
 from .cache import get_communicator
@@ -44,6 +49,26 @@ class DispatcherOptions:
     check_inputs: bool = False
     backend_options: tuple[tuple[str, Any], ...] = ()
 
+    def __post_init__(self) -> None:
+        """Refuse bad values here, at construction, not at the first forward step."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"DispatcherOptions.backend must be one of {BACKENDS}, got {self.backend!r}")
+        for name in ("max_num_tokens", "pad_multiple"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"DispatcherOptions.{name} must be None or an integer >= 1, got {value!r}")
+        for name in ("host_tokens_per_expert", "combine_in_float32", "check_inputs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"DispatcherOptions.{name} must be True or False, got {getattr(self, name)!r}")
+        for item in self.backend_options:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise TypeError(f"DispatcherOptions.backend_options must be (name, value) pairs, got {item!r}")
+            try:
+                hash(item[1])  # the communicator cache keys on them
+            except TypeError:
+                raise TypeError(f"DispatcherOptions.backend_options {item[0]!r}: the value must be hashable "
+                                f"(a tuple, not a list), got {item[1]!r}") from None
+
 
 class MoEBackendTokenDispatcher(MoETokenDispatcher):
     """Megatron `MoETokenDispatcher` whose communication is moe_backend's dispatch/combine."""
@@ -56,6 +81,7 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         pg_collection=None,
         options: DispatcherOptions | None = None,
     ) -> None:
+        pg_collection = pg_collection if pg_collection is not None else get_default_pg_collection()
         super().__init__(config=config, pg_collection=pg_collection)
         self.options = options or DispatcherOptions()
         self.num_local_experts = num_local_experts
@@ -67,6 +93,11 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
             raise ValueError(
                 f"num_local_experts={num_local_experts} but the EP group implies {self.mapping.num_local_experts}"
             )
+        # The communicator places global expert e on EP rank e // L: the layer's experts must be those.
+        first = dist.get_rank(pg_collection.ep) * num_local_experts
+        if self.local_expert_indices != list(range(first, first + num_local_experts)):
+            raise ValueError(f"local_expert_indices={self.local_expert_indices}: this EP rank holds experts "
+                             f"[{first}, {first + num_local_experts}) (expert e on EP rank e // num_local_experts)")
         self.drop_and_pad = bool(config.moe_pad_expert_input_to_capacity)
         if self.drop_and_pad and config.moe_expert_capacity_factor is None:
             raise ValueError("moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor")
@@ -129,6 +160,10 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         self._ex = self._communicator(x)
         self._probs_dtype = probs.dtype
         self._num_input_tokens = x.shape[0]
+        want = (x.shape[0], self.num_experts)  # shapes only: no host sync
+        if tuple(routing_map.shape) != want or tuple(probs.shape) != want:
+            raise ValueError(f"routing_map {tuple(routing_map.shape)} and probs {tuple(probs.shape)} must both be "
+                             f"[tokens, num_moe_experts] = {list(want)}")
         ids, weights = routing_to_topk(routing_map, probs, self.topk)
         self._topk_ids, weights = to_virtual(ids, weights, self._virtual_table(x.device))
         if self.shared_experts is not None:

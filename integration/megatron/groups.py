@@ -76,6 +76,10 @@ def replica_blocks(keys: list[tuple[int, ...]]) -> int:
 
 def build_mapping(pg_collection, num_experts: int, sequence_parallel: bool) -> GroupMapping:
     """Collective over the TP x EP group (one small all_gather_object, at construction)."""
+    missing = [n for n in ("tp_ep", "ep", "expt_tp") if getattr(pg_collection, n, None) is None]
+    if missing:  # an unset group would read as one rank: a layer that silently never communicates
+        raise ValueError(f"pg_collection lacks the process groups {missing} (Megatron's get_default_pg_collection() "
+                         "has them)")
     group = pg_collection.tp_ep
     ep, etp = _size(pg_collection.ep), _size(pg_collection.expt_tp)
     world = _size(group)

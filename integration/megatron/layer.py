@@ -82,8 +82,12 @@ def swap_token_dispatchers(model: torch.nn.Module, options: DispatcherOptions | 
     count = 0
     for module in model.modules():
         if isinstance(module, MoELayer):
-            if not isinstance(module.token_dispatcher, MoEBackendTokenDispatcher):
+            current = module.token_dispatcher
+            if not isinstance(current, MoEBackendTokenDispatcher):
                 _install(module, _groups_of(module), options)
+            elif options is not None and current.options != options:
+                raise ValueError(f"a MoE layer already has our dispatcher with other options ({current.options}); "
+                                 "swapping again would silently keep those")
             count += 1
     return count
 
@@ -134,6 +138,13 @@ def gpt_layer_spec(dispatcher: str = "nvshmem", use_te: bool | None = None, moe_
                    options: DispatcherOptions | None = None, **kwargs: Any):
     """A GPT MoE layer spec using `dispatcher` (ours, or Megatron's own by name)."""
     from megatron.core.models.gpt import gpt_layer_specs
+
+    if dispatcher not in DISPATCHERS:
+        raise ValueError(f"dispatcher must be one of {DISPATCHERS}, got {dispatcher!r}")
+    if options is not None and dispatcher in MEGATRON_DISPATCHERS:
+        raise ValueError(f"options only apply to {OUR_DISPATCHERS}; Megatron's {dispatcher!r} would ignore them")
+    if options is not None and options.backend not in ("auto", dispatcher):
+        raise ValueError(f"dispatcher {dispatcher!r} with options.backend={options.backend!r}: pick one")
 
     if use_te is None:
         from megatron.core.extensions.transformer_engine import HAVE_TE

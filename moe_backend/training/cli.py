@@ -81,6 +81,8 @@ def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_with_overrides(args)
     out = args.out or cfg.output.dir
+    if os.path.exists(out) and not os.path.isdir(out):  # found now, not after the whole run
+        raise ConfigError(f"output folder {out!r} is an existing file")
     if args.profile_device_only and not args.profile:
         raise SystemExit("--profile-device-only needs --profile DIR")
     run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress, args.profile,

@@ -68,6 +68,9 @@ def transformer_config(cfg: TrainConfig, megatron_dispatcher: str) -> Any:
         moe_ffn_hidden_size=m.moe_ffn_hidden_size,
         moe_shared_expert_intermediate_size=m.shared_expert_hidden_size,
         moe_router_score_function=m.router_score_function,
+        # One expert a token (Switch): the softmax must come before the top-1, or every weight
+        # is 1.0 and the router gets no gradient (megatron-core refuses that combination).
+        moe_router_pre_softmax=m.topk == 1 and m.router_score_function == "softmax",
         moe_router_load_balancing_type="aux_loss" if m.aux_loss_coeff > 0 else "none",
         moe_aux_loss_coeff=m.aux_loss_coeff,
         moe_router_dtype="fp32",
