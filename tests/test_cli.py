@@ -80,6 +80,8 @@ def test_selftest_passes_on_reference() -> None:
     (["info", "--world-size", "3"], "deepseek-decode at world size 3: num_experts=256 must be divisible"),
     (["train", "--steps", "-1"], "argument --steps: must be an integer >= 1"),
     (["layer-bench", "--tokens", "0"], "argument --tokens: must be an integer >= 1"),
+    (["train", "--out", __file__], r"output folder '.*test_cli.py' is an existing file"),
+    (["train-bench", "--out", __file__], r"output folder '.*test_cli.py' is an existing file"),
 ])
 def test_bad_arguments_are_reported(args: list[str], pattern: str) -> None:
     res = cli(*args)

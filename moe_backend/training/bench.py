@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ..train_config import TrainConfig
 from . import dispatchers, report
-from .cli import load_with_overrides, run_distributed
+from .cli import load_with_overrides, require_output_dir, run_distributed
 
 # Preferred order: ours first, then Megatron's; the first that ran is the loss baseline.
 ORDER = ("nvshmem", "reference", "alltoall", "allgather", "flex")
@@ -258,6 +258,7 @@ def finish(cfg: TrainConfig, runs: dict[str, Any], skipped: dict[str, str], out:
 
 def cmd_train_bench(args: argparse.Namespace) -> int:
     cfg = load_with_overrides(args)
+    require_output_dir(args.out)
     on_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= 1
     names, skipped = candidates(args.dispatchers, on_gpu)
     for name, why in skipped.items():

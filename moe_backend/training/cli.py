@@ -45,6 +45,12 @@ def load_with_overrides(args: argparse.Namespace) -> TrainConfig:
     return cfg
 
 
+def require_output_dir(path: str) -> None:
+    """Refuse an output folder that is an existing file now, not after the whole run."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"output folder {path!r} is an existing file")
+
+
 def quiet_megatron_warnings() -> None:
     """Megatron warns at import about optional fused kernels (Apex, TE) we do not use."""
     import warnings
@@ -81,8 +87,7 @@ def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_with_overrides(args)
     out = args.out or cfg.output.dir
-    if os.path.exists(out) and not os.path.isdir(out):  # found now, not after the whole run
-        raise ConfigError(f"output folder {out!r} is an existing file")
+    require_output_dir(out)
     if args.profile_device_only and not args.profile:
         raise SystemExit("--profile-device-only needs --profile DIR")
     run_distributed(_train_body, cfg, out, not args.quiet and cfg.output.progress, args.profile,
