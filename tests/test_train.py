@@ -217,3 +217,14 @@ def test_nvshmem_presets(preset: str, expected: dict[str, str]) -> None:
     assert out.strip() == "ucx"
     bad = subprocess.run(["bash", str(script), "bogus"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "unknown preset" in bad.stderr
+
+
+def test_options_a_dispatcher_does_not_use_are_named() -> None:
+    from moe_backend.train_config import DispatcherOptionsConfig
+    from moe_backend.training.dispatchers import ignored_options
+
+    opts = DispatcherOptionsConfig(transport="put", num_sms=24, check_inputs=True)
+    assert ignored_options("nvshmem", opts) == []
+    assert ignored_options("reference", opts) == ["transport", "num_sms"]  # check_inputs applies to ours
+    assert ignored_options("alltoall", opts) == ["check_inputs", "transport", "num_sms"]
+    assert ignored_options("alltoall", DispatcherOptionsConfig()) == []

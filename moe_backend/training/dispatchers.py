@@ -8,6 +8,7 @@ so a change in its API is absorbed here.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -89,6 +90,19 @@ def option_overrides(name: str, opts: Any) -> dict[str, Any]:
             backend["send_stream"] = True
         out["backend_options"] = tuple(sorted(backend.items()))
     return out
+
+
+NVSHMEM_ONLY = ("transport", "timeout_s", "num_sms", "send_stream")
+
+
+def ignored_options(name: str, opts: Any) -> list[str]:
+    """The `dispatcher_options` keys set away from their defaults that dispatcher `name` does
+    not use (all of them for Megatron's own, the nvshmem backend's for `reference`)."""
+    if opts is None or name == "nvshmem":
+        return []
+    default = type(opts)()
+    keys = NVSHMEM_ONLY if name == "reference" else [f.name for f in dataclasses.fields(opts)]
+    return [k for k in keys if getattr(opts, k) != getattr(default, k)]
 
 
 def with_dispatcher(spec: Any, name: str, opts: Any = None) -> Any:

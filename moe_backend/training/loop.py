@@ -103,6 +103,9 @@ class RankTrainer:
         self.log = report.RunLog(cfg, self.name, device, dist.get_world_size(), sum(q.numel() for q in params))
         if self.show:
             report.say(self.log.header())
+            ignored = dispatchers.ignored_options(self.name, cfg.dispatcher_options)
+            if ignored:
+                report.say(f"note: dispatcher_options {ignored} do not apply to the {self.name} dispatcher; ignored")
         self.profiler = StepProfiler(profile_dir, start=cfg.train.timing_warmup, device_only=profile_device_only)
         self.dp_rank = ps.get_data_parallel_rank()
         r, m = cfg.train, cfg.model
