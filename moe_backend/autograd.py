@@ -364,11 +364,13 @@ class PendingDispatch:
 
     def __init__(self, link: _Link, ticket: torch.Tensor):
         self._link, self._ticket = link, ticket
+        self._used = False
 
     def recv(self, valid_only: bool = False) -> Dispatched:
         """Complete the dispatch. `valid_only`: read `tokens_per_expert` on the host (one
         sync) and return only the valid rows; combine and backward then move no more
         (`host_tokens_per_expert` holds the counts)."""
+        _use_once(self)
         link = self._link
         link.valid_only = valid_only
         tokens, weights = _DispatchRecv.apply(link, self._ticket)
@@ -387,9 +389,23 @@ class PendingDispatch:
 class PendingCombine:
     def __init__(self, link: _Link, ticket: torch.Tensor):
         self._link, self._ticket = link, ticket
+        self._used = False
 
     def recv(self) -> torch.Tensor:
+        _use_once(self)
         return _CombineRecv.apply(self._link, self._ticket)
+
+
+def _use_once(pending: PendingDispatch | PendingCombine) -> None:
+    if pending._used:
+        raise RoundError("this receiver was already used; each send has exactly one recv")
+    pending._used = True
+
+
+def _tensor_or_none(name: str, value: object, optional: bool) -> None:
+    """Type checks before autograd reads `.requires_grad` (the communicator checks the rest)."""
+    if not (isinstance(value, torch.Tensor) or (optional and value is None)):
+        raise TypeError(f"{name} must be a torch.Tensor{' or None' if optional else ''}, got {type(value).__name__}")
 
 
 class DifferentiableCommunicator:
@@ -401,6 +417,10 @@ class DifferentiableCommunicator:
     """
 
     def __init__(self, comm: Communicator, grad_comm: Communicator | None = None):
+        for name, value in (("comm", comm), ("grad_comm", grad_comm)):
+            if not (isinstance(value, Communicator) or (name == "grad_comm" and value is None)):
+                raise TypeError(f"{name} must be a Communicator (DifferentiableCommunicator.create builds both "
+                                f"from a spec), got {type(value).__name__}")
         self.comm = comm
         self.grad_comm = grad_comm if grad_comm is not None else comm
         g, f = self.grad_comm.spec, comm.spec
@@ -436,6 +456,10 @@ class DifferentiableCommunicator:
         x_scale: torch.Tensor | None = None,
         num_tokens: int | torch.Tensor | None = None,
     ) -> PendingDispatch:
+        _tensor_or_none("x", x, optional=False)
+        _tensor_or_none("topk_weights", topk_weights, optional=True)
+        if x.dtype != self.comm.spec.in_dtype:  # before the backward checks, which assume it
+            raise TypeError(f"x must have dtype {self.comm.spec.in_dtype}, got {x.dtype}")
         link = _Link(self, topk_ids, num_tokens, x.shape[0])
         x_grad = x.requires_grad and torch.is_grad_enabled()
         w_grad = topk_weights is not None and topk_weights.requires_grad and torch.is_grad_enabled()
@@ -459,6 +483,8 @@ class DifferentiableCommunicator:
         link = dispatched._link
         if link.ex is not self:
             raise ValueError("dispatched belongs to another DifferentiableCommunicator")
+        _tensor_or_none("expert_y", expert_y, optional=False)
+        _tensor_or_none("weights", weights, optional=True)
         needs_grad = torch.is_grad_enabled() and (
             expert_y.requires_grad or (weights is not None and weights.requires_grad)
         )

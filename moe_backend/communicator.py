@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import validate
-from .backends import create_backend
+from .backends import create_backend, resolve_backend
 from .result import DispatchResult, Handle
 from .spec import CommSpec
 
@@ -23,7 +23,8 @@ class RoundError(RuntimeError):
 class Communicator:
     """Dispatch/combine for one expert-parallel group and one `CommSpec`.
 
-    Create it on every rank of `group` (collective for backends with symmetric memory).
+    Create it on every rank of `group`: construction is collective (the ranks check that they
+    agree on the spec, backend and options; symmetric-memory backends allocate).
     Calls alternate: dispatch, then combine with that dispatch's handle.
     """
 
@@ -38,15 +39,24 @@ class Communicator:
     ):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialised before creating a Communicator")
+        if not isinstance(spec, CommSpec):
+            raise TypeError(f"spec must be a CommSpec, got {type(spec).__name__}")
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+        if dist.get_rank(group) < 0:
+            raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of group")
         world = dist.get_world_size(group)
         if spec.world_size != world:
             raise ValueError(f"spec.world_size={spec.world_size} but the process group has {world} ranks")
+        if not isinstance(check_inputs, bool):
+            raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
         self.spec = spec
         self.group = group
-        self.device = torch.device(device) if device is not None else _default_device()
+        self.device = _checked_device(device) if device is not None else _default_device()
         self.check_inputs = check_inputs
         self.rank = dist.get_rank(group)
         self.id = next(_ids)
+        _agree(spec, resolve_backend(backend, self.device), backend_options, group)
         self.backend = create_backend(backend, spec, group, self.device, **backend_options)
         self._round = 0
         self._phase = "idle"  # idle -> dispatch_sent -> dispatched -> combine_sent -> idle
@@ -128,6 +138,15 @@ class _Receiver:
             )
         self._used = True
 
+    def _ending_round_on_error(self, receive: Any, *args: Any) -> Any:
+        """A receive that raises (out of memory, a peer's timeout) ends the round: the next
+        call is a dispatch, not a RoundError about a phase no call can leave."""
+        try:
+            return receive(*args)
+        except BaseException:
+            self._comm._phase = "idle"
+            raise
+
 
 class DispatchReceiver(_Receiver):
     def __init__(self, comm, round_, pending, topk_ids, num_tokens, rows):
@@ -140,7 +159,7 @@ class DispatchReceiver(_Receiver):
     def recv(self) -> DispatchResult:
         self._claim()
         comm = self._comm
-        got = comm.backend.dispatch_recv(self._pending)
+        got = self._ending_round_on_error(comm.backend.dispatch_recv, self._pending)
         comm._phase = "dispatched"
         handle = Handle(
             comm_id=comm.id,
@@ -175,9 +194,38 @@ class CombineReceiver(_Receiver):
 
     def recv(self) -> torch.Tensor:
         self._claim()
-        out = self._comm.backend.combine_recv(self._pending, self._out)
+        out = self._ending_round_on_error(self._comm.backend.combine_recv, self._pending, self._out)
         self._comm._phase = "idle"
         return out
+
+
+def _checked_device(device: object) -> torch.device:
+    """A CPU or an existing CUDA device, with its index (tensors on cuda:0 are not on 'cuda')."""
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch.device or a name like 'cuda:0' or 'cpu', got {device!r}") from None
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ValueError(f"device must be a CPU or CUDA device, got {dev}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = dev.index if dev.index is not None else (torch.cuda.current_device() if count else 0)
+    if index >= count:
+        raise ValueError(f"device {dev}: this process sees {count} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def _agree(spec: CommSpec, backend: str, options: dict[str, Any], group: dist.ProcessGroup | None) -> None:
+    """Every rank of the group must build the same communicator: a rank with another shape or
+    backend would otherwise fail deep inside the first exchange (or hang in the allocation)."""
+    mine = f"{spec!r} backend={backend} options={sorted(options.items())!r}"
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    odd = [r for r, other in enumerate(every) if other != every[0]]
+    if odd:
+        raise ValueError(f"ranks {odd} of the group build another communicator than rank 0: "
+                         f"{every[odd[0]]} vs {every[0]}")
 
 
 def _default_device() -> torch.device:

@@ -81,12 +81,14 @@ class DispatchResult:
         """`[L, capacity, hidden]` per-expert batches for batched GEMMs, zero past each count.
 
         Built on the device without a host sync: row `i` of expert `e` is flat row
-        `expert_offsets[e] + i` when `i < tokens_per_expert[e]`.
+        `expert_offsets[e] + i` when `i < tokens_per_expert[e]`. The default capacity holds
+        every row an expert can receive; a smaller one keeps each expert's first `capacity`
+        rows and drops the rest (a capacity drop: nothing checks, that would need a sync).
         """
         spec = self.handle.spec
         cap = spec.expert_capacity if capacity is None else capacity
-        if cap < 1:
-            raise ValueError(f"capacity must be >= 1, got {cap}")
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"capacity must be None or an int >= 1, got {cap!r}")
         num_local = spec.num_local_experts
         device = self.tokens.device
         slot = torch.arange(cap, device=device)

@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 FP8 = torch.float8_e4m3fn
+INT32_MAX = 2**31 - 1
 IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -61,6 +62,8 @@ class CommSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            if value > INT32_MAX:  # row ids, token ids and expert ids travel as int32
+                raise ValueError(f"{name}={value} exceeds {INT32_MAX} (ids are int32)")
         if self.num_experts % self.world_size:
             raise ValueError(
                 f"num_experts={self.num_experts} must be divisible by the group size "
@@ -78,13 +81,19 @@ class CommSpec:
             raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {self.out_dtype}")
         if self.in_dtype == FP8:
             block = self.scale_block_size
-            if not isinstance(block, int) or block < 1 or self.hidden % block:
+            if not isinstance(block, int) or isinstance(block, bool) or block < 1 or self.hidden % block:
                 raise ValueError(
                     f"fp8 input needs scale_block_size dividing hidden={self.hidden}, "
                     f"got {block!r}"
                 )
         elif self.scale_block_size is not None:
             raise ValueError("scale_block_size is only meaningful with in_dtype fp8")
+        if not isinstance(self.combine_in_float32, bool):
+            raise ValueError(f"combine_in_float32 must be True or False, got {self.combine_in_float32!r}")
+        rows = self.max_recv_tokens
+        if rows > INT32_MAX:
+            raise ValueError(f"a rank may receive {rows} rows (groups x max_num_tokens x min(topk, local experts)), "
+                             f"more than {INT32_MAX}: the received rows are indexed by int32")
 
     @property
     def num_local_experts(self) -> int:

@@ -23,6 +23,8 @@ def check_tensor(
     """Check type, dtype, rank, sizes (None = any) and device of one tensor argument."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
     if value.dtype not in dtypes:
         names = " or ".join(str(d) for d in dtypes)
         raise TypeError(f"{name} must have dtype {names}, got {value.dtype}")
@@ -39,8 +41,10 @@ def normalize_num_tokens(num_tokens: object, rows: int, device: torch.device) ->
     if num_tokens is None:
         return rows
     if isinstance(num_tokens, torch.Tensor):
+        # Kept in its dtype until the value checks have read it: an int64 count past int32 must
+        # not wrap into range first.
         check_tensor("num_tokens", num_tokens.reshape(-1), dtypes=(torch.int32, torch.int64), shape=(1,), device=device)
-        return num_tokens.reshape(1).to(torch.int32)
+        return num_tokens.reshape(1)
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
         raise TypeError(f"num_tokens must be None, an int or a 1-element tensor, got {type(num_tokens).__name__}")
     if not 0 <= num_tokens <= rows:
@@ -79,7 +83,21 @@ def check_dispatch(
     n = normalize_num_tokens(num_tokens, rows, device)
     if check_values and not _is_capturing(device):
         _check_ids(spec, ids, n, rows)
+    if isinstance(n, torch.Tensor) and n.dtype != torch.int32:
+        n = n.clamp(0, rows).to(torch.int32)  # unchecked: clamped, as the kernels clamp, not wrapped
+    _refuse_grad(x=x, topk_weights=topk_weights, x_scale=x_scale)
     return x.contiguous(), ids.to(torch.int32).contiguous(), topk_weights, x_scale, n
+
+
+def _refuse_grad(**tensors: torch.Tensor | None) -> None:
+    """The plain communicator is not differentiable: a tensor that wants a gradient would
+    silently get none."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.requires_grad:
+            raise ValueError(f"{name} requires grad, but Communicator is not differentiable: use moe_backend."
+                             "autograd.DifferentiableCommunicator, or detach it / run under torch.no_grad()")
 
 
 def _check_ids(spec: CommSpec, ids: torch.Tensor, n: int | torch.Tensor, rows: int) -> None:
@@ -139,4 +157,7 @@ def check_combine(
         out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=shape, device=device)
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
+        if out.requires_grad:
+            raise ValueError("out must not require grad: combine writes it in place")
+    _refuse_grad(expert_y=expert_y, weights=weights)
     return expert_y.contiguous(), handle, None if weights is None else weights.contiguous(), out

@@ -82,6 +82,12 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     check(TypeError, r"topk_weights must have dtype .*float32", topk_weights=w.double())
     check(ValueError, rf"num_tokens must be in \[0, {T}\]", num_tokens=T + 1)
     check(ValueError, rf"num_tokens must be in \[0, {T}\]", num_tokens=torch.tensor([T + 1], device=device))
+    # An int64 count past int32 is checked before it is narrowed (it once wrapped to 3).
+    check(ValueError, rf"num_tokens must be in \[0, {T}\] .*got {2**32 + 3}",
+          num_tokens=torch.tensor([2**32 + 3], device=device))
+    check(TypeError, r"x must be a dense \(strided\) tensor, got layout torch.sparse_coo", x=x.float().to_sparse())
+    check(ValueError, r"topk_weights requires grad, but Communicator is not differentiable",
+          topk_weights=w.clone().requires_grad_())
     if device != "cpu":
         check(ValueError, r"x must be on", x=x.cpu())
 
@@ -92,6 +98,9 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     _raises(ValueError, r"expert_y must have at least", lambda: comm.combine(y[:0], result.handle))
     _raises(ValueError, r"out must have shape", lambda: comm.combine(y, result.handle, out=y[:1]))
     _raises(TypeError, r"handle must be the Handle", lambda: comm.combine(y, "handle"))
+    grad_out = torch.zeros(T, spec.hidden, dtype=spec.out_dtype, device=device, requires_grad=True)
+    _raises(ValueError, r"out must not require grad", lambda: comm.combine(y, result.handle, out=grad_out))
+    _raises(ValueError, r"expert_y requires grad", lambda: comm.combine(y.clone().requires_grad_(), result.handle))
     other = Communicator(spec, backend=backend, **(options or {}))
     _raises(ValueError, r"another communicator", lambda: other.combine(y, result.handle))
     comm.combine(y, result.handle)
@@ -100,7 +109,52 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     _raises(RoundError, r"cannot dispatch while .* 'dispatched'", lambda: comm.dispatch(x, ids, w, s))
     comm.close()
     other.close()
-    return checks + 8
+    return checks + 10
+
+
+def construction_checks(backend: str, options: dict | None = None) -> None:
+    """Bad constructor arguments, and ranks that disagree on the communicator, are refused
+    with a message naming them (a shape mismatch once aborted the first exchange)."""
+    spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    rank = torch.distributed.get_rank()
+    opts = options or {}
+    _raises(TypeError, r"spec must be a CommSpec, got dict", lambda: Communicator(vars(spec), backend=backend))
+    _raises(TypeError, r"group must be a torch.distributed ProcessGroup or None, got str",
+            lambda: Communicator(spec, "world", backend=backend))
+    _raises(ValueError, r"device must be a torch.device or a name like 'cuda:0' or 'cpu', got 'gpu'",
+            lambda: Communicator(spec, backend=backend, device="gpu"))
+    _raises(ValueError, r"device must be a CPU or CUDA device, got meta",
+            lambda: Communicator(spec, backend=backend, device="meta"))
+    _raises(TypeError, r"check_inputs must be True or False",
+            lambda: Communicator(spec, backend=backend, check_inputs="no"))
+    # Rank 1 asks for another hidden size: every rank refuses, naming rank 1.
+    odd = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16, hidden=16) if rank == 1 else spec
+    if torch.distributed.get_world_size() > 1:
+        _raises(ValueError, r"ranks \[1\] of the group build another communicator than rank 0",
+                lambda: Communicator(odd, backend=backend, **opts))
+    comm = Communicator(spec, backend=backend, **opts)  # still fine after all of that
+    run_case(comm, Case(spec, "uniform", seed=13, num_tokens_mode="none"))
+    comm.close()
+
+
+def failed_receive_ends_round(backend: str) -> None:
+    """A receive that raises (here, a stand-in for running out of memory) ends the round: the
+    next dispatch works instead of failing on a phase no call can leave."""
+    spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    comm = Communicator(spec, backend=backend)
+    (x, ids, w, _), _ = _inputs(spec, seed=41)
+    real = comm.backend.dispatch_recv
+
+    def failing(*args):
+        real(*args)  # the exchange completes on every rank; then this rank fails locally
+        raise MemoryError("stand-in for an allocation failure")
+
+    comm.backend.dispatch_recv = failing
+    _raises(MemoryError, r"stand-in", lambda: comm.dispatch(x, ids, w))
+    comm.backend.dispatch_recv = real
+    result = comm.dispatch(x, ids, w)
+    comm.combine(torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device), result.handle)
+    comm.close()
 
 
 def split_phases(backend: str, options: dict | None = None) -> None:

@@ -185,6 +185,27 @@ def _worker_dispatch_only_and_errors() -> None:
     with pytest.raises(RoundError, match="must not interleave"):
         torch.autograd.grad(pairs[1][0].float().sum(), pairs[1][1])
 
+    # Bad arguments are named before autograd touches them.
+    fresh = DifferentiableCommunicator.create(spec, backend="reference")
+    with pytest.raises(TypeError, match="comm must be a Communicator .* got CommSpec"):
+        DifferentiableCommunicator(spec)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
+        fresh.dispatch([1.0], mine.topk_ids)
+    with pytest.raises(TypeError, match="topk_weights must be a torch.Tensor or None, got list"):
+        fresh.dispatch(mine.x, mine.topk_ids, [0.5])
+    with pytest.raises(TypeError, match=r"x must have dtype torch.bfloat16, got torch.float32"):
+        fresh.dispatch(mine.x.float().requires_grad_(), mine.topk_ids)
+    pending = fresh.dispatch_send(mine.x, mine.topk_ids, num_tokens=mine.num_tokens)
+    d = pending.recv()
+    with pytest.raises(RoundError, match="this receiver was already used"):
+        pending.recv()
+    with pytest.raises(TypeError, match="expert_y must be a torch.Tensor, got list"):
+        fresh.combine([0.0], d)
+    sent = fresh.combine_send(torch.zeros_like(d.tokens), d)
+    sent.recv()
+    with pytest.raises(RoundError, match="this receiver was already used"):
+        sent.recv()
+
 
 def test_dispatch_only_fallback_exact_weight_grads_and_errors() -> None:
     spawn(_worker_dispatch_only_and_errors, 4)

@@ -38,6 +38,14 @@ def test_split_phases(pool: RankPool) -> None:
     pool.run(tasks.split_phases, "reference")
 
 
+def test_construction_checks(pool: RankPool) -> None:
+    pool.run(tasks.construction_checks, "reference")
+
+
+def test_failed_receive_ends_round(pool: RankPool) -> None:
+    pool.run(tasks.failed_receive_ends_round, "reference")
+
+
 @st.composite
 def cases(draw, world: int) -> Case:
     tp = draw(st.sampled_from([t for t in (1, 2, 4) if world % t == 0]))

@@ -12,7 +12,7 @@ from .base import Backend, Received
 
 BACKENDS = ("auto", "reference", "nvshmem")
 
-__all__ = ["BACKENDS", "Backend", "Received", "create_backend", "nvshmem_available"]
+__all__ = ["BACKENDS", "Backend", "Received", "create_backend", "nvshmem_available", "resolve_backend"]
 
 
 def nvshmem_available() -> tuple[bool, str]:
@@ -26,17 +26,25 @@ def nvshmem_available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def create_backend(
-    name: str, spec: CommSpec, group: dist.ProcessGroup | None, device: torch.device, **options: Any
-) -> Backend:
+def resolve_backend(name: str, device: torch.device) -> str:
+    """`auto` -> `nvshmem` where its kernels can run on `device`, else `reference`."""
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "nvshmem" if device.type == "cuda" and nvshmem_available()[0] else "reference"
+        return "nvshmem" if device.type == "cuda" and nvshmem_available()[0] else "reference"
+    return name
+
+
+def create_backend(
+    name: str, spec: CommSpec, group: dist.ProcessGroup | None, device: torch.device, **options: Any
+) -> Backend:
+    name = resolve_backend(name, device)
     if name == "reference":
         unknown = sorted(set(options) - {"static_shapes"})
         if unknown:
             raise ValueError(f"the reference backend takes only 'static_shapes', got {unknown}")
+        if not isinstance(options.get("static_shapes", False), bool):
+            raise ValueError(f"static_shapes must be True or False, got {options['static_shapes']!r}")
         from .reference import ReferenceBackend
 
         return ReferenceBackend(spec, group, device, **options)

@@ -66,8 +66,10 @@ class ReferenceBackend(Backend):
         super().__init__(spec, group, device)
         self.static_shapes = static_shapes
 
-    def _host_num_tokens(self, num_tokens: int | torch.Tensor) -> int:
-        return int(num_tokens.item()) if isinstance(num_tokens, torch.Tensor) else num_tokens
+    def _host_num_tokens(self, num_tokens: int | torch.Tensor, rows: int) -> int:
+        # Clamped as the kernels clamp: an unchecked device count (check_inputs=False) may be anything.
+        n = int(num_tokens.item()) if isinstance(num_tokens, torch.Tensor) else num_tokens
+        return max(0, min(n, rows))
 
     def _exchange(self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         recv = torch.empty(sum(recv_counts), send.shape[1], dtype=send.dtype, device=send.device)
@@ -81,7 +83,7 @@ class ReferenceBackend(Backend):
 
     def dispatch_send(self, x, topk_ids, topk_weights, x_scale, num_tokens):
         spec = self.spec
-        n = self._host_num_tokens(num_tokens)
+        n = self._host_num_tokens(num_tokens, x.shape[0])
         group, replica = divmod(self.rank, spec.tp_size)
         ids = topk_ids[:n].long()
         token = torch.arange(n, device=ids.device)[:, None].expand_as(ids)
@@ -179,7 +181,7 @@ class ReferenceBackend(Backend):
         send_counts = torch.bincount(dest, minlength=spec.world_size).tolist()
 
         # What this rank will receive is known from its own routing: no count exchange.
-        n = self._host_num_tokens(handle.num_tokens)
+        n = self._host_num_tokens(handle.num_tokens, handle.num_input_rows)
         expect = token_rank_mask(handle.topk_ids[:n], spec.num_local_experts, spec.world_size)
         recv_counts = expect.sum(0).tolist()
         recv = self._exchange(packed, send_counts, recv_counts)

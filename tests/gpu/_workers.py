@@ -231,6 +231,7 @@ def contract_tasks_worker() -> None:
         options = {"transport": transport}
         try:
             assert contract_tasks.bad_inputs("nvshmem", options) > 15
+            contract_tasks.construction_checks("nvshmem", options)
             contract_tasks.split_phases("nvshmem", options)
             contract_tasks.padded_view("nvshmem", options)
             contract_tasks.host_valid_rows("nvshmem", options)
