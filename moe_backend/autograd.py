@@ -441,6 +441,8 @@ class DifferentiableCommunicator:
         **options: Any,
     ) -> DifferentiableCommunicator:
         """A forward communicator and its grad communicator (both collective to create)."""
+        if not isinstance(weight_grads, bool):
+            raise TypeError(f"weight_grads must be True or False, got {weight_grads!r}")
         comm = Communicator(spec, group, backend, device, **options)
         # The backward rounds reuse the forward's topk_ids (checked there, if at all): no value
         # checks, which would cost host syncs in every backward.

@@ -189,6 +189,8 @@ def _worker_dispatch_only_and_errors() -> None:
     fresh = DifferentiableCommunicator.create(spec, backend="reference")
     with pytest.raises(TypeError, match="comm must be a Communicator .* got CommSpec"):
         DifferentiableCommunicator(spec)
+    with pytest.raises(TypeError, match="weight_grads must be True or False, got 'no'"):
+        DifferentiableCommunicator.create(spec, backend="reference", weight_grads="no")
     with pytest.raises(TypeError, match="x must be a torch.Tensor, got list"):
         fresh.dispatch([1.0], mine.topk_ids)
     with pytest.raises(TypeError, match="topk_weights must be a torch.Tensor or None, got list"):
