@@ -80,12 +80,12 @@ def check_dispatch(
         ).contiguous()
     elif x_scale is not None:
         raise ValueError(f"x_scale must be None for in_dtype {spec.in_dtype} (scales go with fp8 only)")
+    _refuse_grad(x=x, topk_weights=topk_weights, x_scale=x_scale)
     n = normalize_num_tokens(num_tokens, rows, device)
     if check_values and not _is_capturing(device):
         _check_ids(spec, ids, n, rows)
     if isinstance(n, torch.Tensor) and n.dtype != torch.int32:
         n = n.clamp(0, rows).to(torch.int32)  # unchecked: clamped, as the kernels clamp, not wrapped
-    _refuse_grad(x=x, topk_weights=topk_weights, x_scale=x_scale)
     return x.contiguous(), ids.to(torch.int32).contiguous(), topk_weights, x_scale, n
 
 
