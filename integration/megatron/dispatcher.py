@@ -157,13 +157,13 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
     def dispatch_preprocess(self, tokens: torch.Tensor, routing_map: torch.Tensor, probs: torch.Tensor):
         self.hidden_shape = tokens.shape
         x = tokens.reshape(-1, tokens.shape[-1])
-        self._ex = self._communicator(x)
-        self._probs_dtype = probs.dtype
-        self._num_input_tokens = x.shape[0]
         want = (x.shape[0], self.num_experts)  # shapes only: no host sync
         if tuple(routing_map.shape) != want or tuple(probs.shape) != want:
             raise ValueError(f"routing_map {tuple(routing_map.shape)} and probs {tuple(probs.shape)} must both be "
                              f"[tokens, num_moe_experts] = {list(want)}")
+        self._ex = self._communicator(x)
+        self._probs_dtype = probs.dtype
+        self._num_input_tokens = x.shape[0]
         ids, weights = routing_to_topk(routing_map, probs, self.topk)
         self._topk_ids, weights = to_virtual(ids, weights, self._virtual_table(x.device))
         if self.shared_experts is not None:
