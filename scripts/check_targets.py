@@ -16,6 +16,9 @@ says otherwise; medians of the slowest rank, each op = send + receive):
 - put within 1.3x of nvlink on every row (both ops, every preset and token count).
 - overlap (the sweep preset's rows): dispatch send, an independent matmul, dispatch receive
   take at most 1.15x the longer of the two alone.
+Where the run's own measurements give one, a check also carries a bound, the best those
+measurements allow: the two-launch flag exchange for decode, the link (bytes across at the
+copy rate) and the expert-row traffic for prefill. A target its bound misses is out of reach.
 Prints one line per check and a count of those met; `--json` writes them too. Exit code 0
 whatever was met (it is a report); 2 when no file has a row any target needs.
 """
@@ -43,7 +46,8 @@ class Check:
     limit: float
     met: bool
     # The best the same run's own measurements allow, where a bound is derived (same unit as
-    # `measured`); `out_of_reach`: that bound itself misses the limit.
+    # `measured`): the two-launch flag-exchange floor for decode, the link and memory time for
+    # prefill, the 24-SM store rate for the 24-SM dispatch; `out_of_reach`: it misses the limit.
     bound: float | None = None
     out_of_reach: bool = False
 
@@ -68,8 +72,28 @@ def _median(row: dict[str, Any], op: str) -> float:
     return float(row["phases"][op]["median"])
 
 
-def _at_most(target: str, source: str, value: float, limit: float) -> Check:
-    return Check(target, source, round(value, 3), limit, value <= limit)
+def _at_most(target: str, source: str, value: float, limit: float, bound: float | None = None) -> Check:
+    """A time or ratio that must not exceed `limit`; `bound`, if known, the least it can be."""
+    reach = None if bound is None else round(bound, 3)
+    return Check(target, source, round(value, 3), limit, value <= limit, reach, bound is not None and bound > limit)
+
+
+def _launch_floor(preset: dict[str, Any]) -> float | None:
+    """A split op is two launches that exchange flags: the run's two-launch floor bounds it."""
+    floor = preset.get("latency_floor_us") or {}
+    return floor.get("2_launches", {}).get("median")
+
+
+def _prefill_floor(preset: dict[str, Any], row: dict[str, Any], world: int) -> float | None:
+    """The larger of the link time (bytes across at the run's copy rate) and the time the whole
+    GPU takes to write (dispatch) or read (combine) the expert rows at the run's SM rates."""
+    copy, sms = preset.get("copy_rate_gbps"), (preset.get("sm_ceilings_gbps") or {})
+    full = next((v for v in sms.values() if v.get("sms") == max(s.get("sms", 0) for s in sms.values())), None)
+    if not copy or not full or not row.get("bytes_across_max_rank"):
+        return None
+    rows = _expert_row_bytes(preset, row["num_tokens"], world)
+    return {op: max(row["bytes_across_max_rank"][op] / (copy * 1e3), rows / (full[rate] * 1e3))
+            for op, rate in (("dispatch", "store"), ("combine", "load"))}
 
 
 def checks_for(report: dict[str, Any], source: str) -> list[Check]:
@@ -79,14 +103,16 @@ def checks_for(report: dict[str, Any], source: str) -> list[Check]:
     found: list[Check] = []
     for tokens, limits in ((128, {"dispatch": 15.0, "combine": 22.0}), (1, {"dispatch": 10.0, "combine": 10.0})):
         row = rows.get(("deepseek-decode", NVLINK, tokens))
+        floor = _launch_floor(presets["deepseek-decode"]) if row else None
         for op, limit in limits.items():
             if row:
-                found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit))
+                found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit, floor))
     full = rows.get(("deepseek-prefill", NVLINK, 4096))
     few = rows.get(("deepseek-prefill", FEW_SMS, 4096))
+    floors = _prefill_floor(presets["deepseek-prefill"], full, world) if full else None
     for op, limit in (("dispatch", 210.0), ("combine", 230.0)):
         if full:
-            found.append(_at_most(f"prefill 4096 {op} (us)", source, _median(full, op), limit))
+            found.append(_at_most(f"prefill 4096 {op} (us)", source, _median(full, op), limit, (floors or {}).get(op)))
         if full and few:
             # Speed kept with 24 SMs = full-GPU time / 24-SM time; the target is >= 0.8.
             kept = _median(full, op) / _median(few, op)

@@ -38,6 +38,10 @@ def test_run22_prefill_and_decode_as_the_readme_reports() -> None:
     assert combine.met and combine.measured == pytest.approx(222.1, abs=0.1)
     assert not dispatch.met and dispatch.measured == pytest.approx(234.2, abs=0.1)
     assert not by["decode 128 token(s) dispatch (us)"].met
+    # Bounds from the same run: the two-launch flag exchange (8.9 us) for decode; for prefill the
+    # 58.6 MB across the link at the measured 393 GB/s copy rate (149 us), above the row traffic.
+    assert by["decode 1 token(s) dispatch (us)"].bound == pytest.approx(8.896, abs=0.001)
+    assert dispatch.bound == pytest.approx(58605568 / 393.37e3, abs=0.05) and not dispatch.out_of_reach
     # 24 SMs kept 234.2 / 387.1 of the dispatch's speed; writing the 470 MB of rows at the 1428 GB/s
     # the run measured for 24 SMs takes 329 us, so at most 234.2 / 329 could be kept: out of reach.
     few = by["prefill 4096 dispatch, 24 SMs: speed kept"]
