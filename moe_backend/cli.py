@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, help="input seed (default: fresh)")
     s.set_defaults(fn=cmd_selftest)
     from .training.cli import add_train_bench_parser, add_train_parser  # lazy: megatron is optional
-    add_train_parser(sub), add_train_bench_parser(sub)
+    add_train_parser(sub)
+    add_train_bench_parser(sub)
     from .layer_bench import add_layer_bench_parser  # lazy: megatron is imported inside the run
     add_layer_bench_parser(sub)
     return parser

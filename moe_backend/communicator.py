@@ -202,7 +202,7 @@ class CombineReceiver(_Receiver):
 def _checked_device(device: object) -> torch.device:
     """A CPU or an existing CUDA device, with its index (tensors on cuda:0 are not on 'cuda')."""
     try:
-        dev = torch.device(device)  # type: ignore[arg-type]
+        dev = torch.device(device)  # type: ignore[call-overload]
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be a torch.device or a name like 'cuda:0' or 'cpu', got {device!r}") from None
     if dev.type == "cpu":

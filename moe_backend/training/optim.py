@@ -80,12 +80,12 @@ def global_grad_norm(params: list[torch.nn.Parameter]) -> float:
         return 0.0
     vals = torch.stack([torch.stack(parts[k]).sum() if parts[k] else torch.zeros((), device=device)
                         for k in (False, True)])
-    dense, expert = vals[0:1].clone(), vals[1:2].clone()
+    dense_sq, expert_sq = vals[0:1].clone(), vals[1:2].clone()
     if dist.get_world_size(tp) > 1:
-        dist.all_reduce(dense, group=tp)
+        dist.all_reduce(dense_sq, group=tp)
     if dist.get_world_size(etmp) > 1:
-        dist.all_reduce(expert, group=etmp)
-    sq[False], sq[True] = float(dense.item()), float(expert.item())
+        dist.all_reduce(expert_sq, group=etmp)
+    sq[False], sq[True] = float(dense_sq.item()), float(expert_sq.item())
     return math.sqrt(sq[False] + sq[True])
 
 
