@@ -148,13 +148,13 @@ def test_table_and_plot_show_the_latency_floor_and_memory_rates(tmp_path) -> Non
     assert "within-GPU" not in bench.format_table({**report, "local_memory_gbps": None})
     png = tmp_path / "p.png"
     why = plot_latency([report], png)
-    assert why is not None or png.read_bytes()[:4] == b"\x89PNG"
-    if why is None:  # the token counts measured label the x axis, nothing between them
-        from moe_backend.bench_plot import latency_figure
+    pytest.importorskip("matplotlib")  # a test extra: installed wherever the suite runs
+    assert why is None and png.read_bytes()[:4] == b"\x89PNG"
+    from moe_backend.bench_plot import latency_figure
 
-        ax = latency_figure([report]).axes[0]
-        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8"]
-        assert list(ax.get_xticks(minor=True)) == []
+    ax = latency_figure([report]).axes[0]  # the token counts measured label the x axis, nothing between
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "8"]
+    assert list(ax.get_xticks(minor=True)) == []
 
 
 def test_time_after_barrier_times_every_measured_call() -> None:

@@ -65,3 +65,27 @@ def test_ratios_criterion_and_table_from_synthetic_records() -> None:
     table = layer_bench.format_table(entry)
     assert "== deepseek:" in table and "0.800x" in table and "boom" in table and "skipped" in table
     assert layer_bench.ratios({"nvshmem": dispatchers["nvshmem"]}) == {}
+
+
+def test_quick_run_on_cpu_writes_a_checked_report(tmp_path) -> None:
+    """`layer-bench --cpu --quick` end to end (the only run of the command without GPUs): the
+    reference dispatcher is timed, the others are recorded as skipped with their reason."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "lb.json"
+    run = subprocess.run([sys.executable, "-m", "moe_backend.cli", "layer-bench", "--cpu", "--quick", "--shapes",
+                          "mixtral", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (entry,) = json.loads(out.read_text())["results"]
+    ours = entry["dispatchers"]["reference"]
+    assert ours["status"] == "ok" and ours["dispatcher_class"] == "MoEBackendTokenDispatcher"
+    for name in ("fwd", "bwd", "fwd_bwd", "dispatch_fwd", "combine_fwd", "dispatch_bwd", "combine_bwd"):
+        s = ours["ms"][name]
+        assert 0 < s["p10"] <= s["median"] <= s["p90"], (name, s)
+    assert ours["ms"]["dispatch_fwd"]["median"] < ours["ms"]["fwd_bwd"]["median"]
+    assert 0 < ours["shares"]["dispatch_combine_share_fwd_bwd"] < 1
+    for name in ("nvshmem", "alltoall", "allgather", "flex"):
+        skipped = entry["dispatchers"][name]
+        assert skipped["status"] == "skipped" and "CUDA" in skipped["reason"], (name, skipped)

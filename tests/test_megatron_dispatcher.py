@@ -307,10 +307,17 @@ def _check_plugin_helpers() -> None:
     assert select_dispatcher("alltoall", config) is None and config.moe_token_dispatcher_type == "alltoall"
     with pytest.raises(ValueError, match="dispatcher must be one of"):
         select_dispatcher("deepep")
-    x = torch.randn(S, B, H, requires_grad=True)
-    out = stock(x)[0]
-    out.sum().backward()
-    assert out.shape == x.shape and x.grad is not None
+    # The swapped stock layer computes what our layer spec builds, given the same weights.
+    stock.load_state_dict(ours.state_dict())
+    x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(11 + dist.get_rank()), requires_grad=True)
+    x_ours = x.detach().clone().requires_grad_()
+    out, want = stock(x)[0], ours(x_ours)[0]
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(5))
+    out.backward(grad)
+    want.backward(grad)
+    _close(out, want, "swapped layer output", atol=0, rtol=0)
+    _close(x.grad, x_ours.grad, "swapped layer input grad", atol=0, rtol=0)
+    assert want.abs().sum() > 0 and x_ours.grad.abs().sum() > 0, "a zero layer would make the comparison empty"
 
 
 def _check_bad_construction_and_routing() -> None:

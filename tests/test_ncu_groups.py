@@ -21,14 +21,14 @@ def _write(path: Path, rows: list[list[str]]) -> None:
 def test_groups_loop_levels_and_ranks_stalls(tmp_path: Path) -> None:
     csv_path = tmp_path / "k_sass.csv"
     _write(csv_path, [
-        ["0x10", "LDS.128 R8, [R29]", "5", "1,000", "4", "1", "0"],
-        ["0x20", "FADD R1, R2, R3", "1", "1,000", "0", "1", "0"],
-        ["0x30", "SHF.L.U32 R4, R40, 0x10, RZ", "30", "10", "29", "1", "0"],
+        ["0x10", "LDS.128 R8, [R29]", "5", "1,000,000", "4", "1", "0"],
+        ["0x20", "FADD R1, R2, R3", "1", "1,000,000", "0", "1", "0"],
+        ["0x30", "SHF.L.U32 R4, R40, 0x10, RZ", "30", "10,000", "29", "1", "0"],
     ])
     out = subprocess.run([sys.executable, str(SCRIPT), str(csv_path)], check=True, capture_output=True,
                          text=True).stdout
-    assert "0.00M warp instructions executed, 3 instructions" in out  # 2,010 in all
-    assert "1,000 x     2 =    0.00M" in out and "10 x     1 =" in out
+    assert "2.01M warp instructions executed, 3 instructions" in out  # 2,010,000 in all
+    assert "1,000,000 x     2 =    2.00M" in out and "10,000 x     1 =    0.01M" in out
     assert "stall_long_sb                 91.7%" in out  # 33 of 36 samples; the Not-Issued column left out
     top = out.split("most samples")[1].splitlines()[1]
     assert "SHF.L.U32" in top and "stall_long_sb" in top and "(83.3%)" in top

@@ -24,10 +24,13 @@ def test_every_switch_is_documented() -> None:
     assert len(names) >= 20, f"expected the kernels' switches, found {sorted(names)}"
     docs = "".join(path.read_text() for path in (ROOT / "moe_backend" / "backends" / "nvshmem.py",
                                                  ROOT / "docs" / "KERNELS.md", ROOT / "docs" / "PERF_NOTES.md"))
-    # By its full name, or by its short name as the docs write a setting: `NAME`, `NAME=0`.
+    # By its full name, or by its short name as the docs write a setting: `NAME`, `NAME=0`;
+    # whole names only (OVERLAP is not named by COMBINE_OVERLAP, nor COMBINE_BULK by COMBINE_BULK_RECV).
     def named(n: str) -> bool:
-        short = n.removeprefix("MOE_BACKEND_NVSHMEM_")
-        return n in docs or f"`{short}`" in docs or f"{short}=" in docs
+        short = re.escape(n.removeprefix("MOE_BACKEND_NVSHMEM_"))
+        edge = r"(?<![A-Z0-9_])"
+        return bool(re.search(rf"{edge}{re.escape(n)}(?![A-Z0-9_])", docs)
+                    or re.search(rf"`{short}`", docs) or re.search(rf"{edge}{short}=", docs))
 
     missing = sorted(n for n in names if not named(n))
     assert not missing, f"switches read in csrc/ but named in no doc (docstring, KERNELS.md, PERF_NOTES.md): {missing}"

@@ -230,7 +230,7 @@ def contract_tasks_worker() -> None:
     for transport in ("put", "nvlink"):
         options = {"transport": transport}
         try:
-            assert contract_tasks.bad_inputs("nvshmem", options) > 15
+            assert contract_tasks.bad_inputs("nvshmem", options) == contract_tasks.BAD_INPUTS_CPU + 1
             contract_tasks.construction_checks("nvshmem", options)
             contract_tasks.split_phases("nvshmem", options)
             contract_tasks.padded_view("nvshmem", options)
