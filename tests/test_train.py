@@ -49,10 +49,18 @@ def test_tiny_trains_on_cpu_with_reference(tmp_path: Path) -> None:
     assert "step   40/40" in run.stdout and "done tiny (reference)" in run.stdout
 
 
-def test_top1_routing_trains_its_router(tmp_path: Path) -> None:
-    """topk 1 (Switch): the softmax must precede the top-1 (megatron-core refuses otherwise),
-    and the router then learns: its load-balancing loss moves and the loss goes down."""
+def test_top1_routing_takes_the_softmax_first_and_trains(tmp_path: Path) -> None:
+    """topk 1 (Switch): the softmax must precede the top-1, or every weight is 1.0 and the
+    router gets no gradient (megatron-core refuses that combination); only then."""
     import yaml
+
+    from moe_backend.train_config import load_train, resolve_train_config
+    from moe_backend.training.model import transformer_config
+
+    cfg = load_train(resolve_train_config("tiny"))
+    for topk, score, pre in ((1, "softmax", True), (2, "softmax", False), (1, "sigmoid", False)):
+        cfg.model.topk, cfg.model.router_score_function = topk, score
+        assert transformer_config(cfg, "alltoall").moe_router_pre_softmax is pre, (topk, score)
 
     cfg = yaml.safe_load((ROOT / "configs" / "train" / "tiny.yaml").read_text())
     cfg["model"]["topk"] = 1
@@ -62,13 +70,12 @@ def test_top1_routing_trains_its_router(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = json.loads((tmp_path / "out" / "train_log.json").read_text())["steps"]
     assert steps[-1]["loss"] < steps[0]["loss"]
-    assert len({round(s["aux_loss"], 6) for s in steps}) > 1
 
 
 def test_bad_config_exits_with_explanation(tmp_path: Path) -> None:
     run = _cli("train", "--config", "tiny", "--world-size", "3", timeout=120)
     assert run.returncode == 2
-    assert "parallel.tp" in run.stderr or "parallel.ep: world_size=3 is not divisible" in run.stderr
+    assert "parallel.ep: world_size=3 is not divisible by ep*expert_tp=2" in run.stderr, run.stderr
 
 
 def test_union_us_counts_overlapping_intervals_once() -> None:
@@ -87,7 +94,12 @@ def test_train_bench_on_cpu_writes_table_json_png(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert list(result["runs"]) == ["reference"]
-    assert result["agreement"]["reference"]["agrees"]
+    assert result["agreement"]["reference"]["agrees"]  # with itself, on CPU: not the real check below
+    # The bench trains what `train` trains: same config and seed, the same loss curve exactly.
+    plain = _cli("train", "--config", "tiny", "--steps", "6", "--out", str(tmp_path / "train"))
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
+    want = [s["loss"] for s in json.loads((tmp_path / "train" / "train_log.json").read_text())["steps"]]
+    assert [s["loss"] for s in result["runs"]["reference"]["steps"]] == want
     assert set(result["skipped"]) == {"nvshmem", "alltoall", "allgather", "flex"}  # need CUDA
     table = (tmp_path / "table.txt").read_text()
     assert "reference" in table and "skipped: needs CUDA" in table
