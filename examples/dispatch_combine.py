@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from moe_backend import CommSpec, Communicator
-from moe_backend.launch import init_process_group, spawn, under_torchrun
+from moe_backend.launch import run_everywhere
 
 NUM_EXPERTS, TOPK, HIDDEN, TOKENS = 8, 2, 64, 16
 
@@ -70,18 +70,5 @@ def main() -> None:
           "dispatch + experts + combine match the dense computation", flush=True)
 
 
-def _spawned() -> None:
-    main()
-
-
 if __name__ == "__main__":
-    if under_torchrun():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        try:
-            main()
-        finally:
-            dist.destroy_process_group()
-    else:
-        world = int(os.environ.get("WORLD_SIZE", "2"))
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        spawn(_spawned, world, dist_backend="nccl" if gpus >= world else "gloo", timeout=300)
+    run_everywhere(main, int(os.environ.get("WORLD_SIZE", "2")))

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from moe_backend import CommSpec
 from moe_backend.autograd import DifferentiableCommunicator
-from moe_backend.launch import init_process_group, spawn, under_torchrun
+from moe_backend.launch import run_everywhere
 
 NUM_EXPERTS, TOPK, HIDDEN, TOKENS = 4, 2, 16, 8
 
@@ -65,18 +65,5 @@ def main() -> None:
           "and the expert weights match the dense model", flush=True)
 
 
-def _spawned() -> None:
-    main()
-
-
 if __name__ == "__main__":
-    if under_torchrun():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        try:
-            main()
-        finally:
-            dist.destroy_process_group()
-    else:
-        world = int(os.environ.get("WORLD_SIZE", "2"))
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        spawn(_spawned, world, dist_backend="nccl" if gpus >= world else "gloo", timeout=300)
+    run_everywhere(main, int(os.environ.get("WORLD_SIZE", "2")))

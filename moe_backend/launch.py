@@ -82,3 +82,18 @@ def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo",
     bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
     if bad:
         raise RuntimeError(f"ranks exited abnormally: {bad}")
+
+
+def run_everywhere(fn: Callable[[], None], world_size: int = 2, timeout: float = 600) -> None:
+    """Run `fn()` on every rank: torchrun's when started by it, else `world_size` local
+    processes (NCCL when there is a GPU for each, else gloo). `fn` must be importable (defined
+    at module level) for the local processes to find it."""
+    if under_torchrun():
+        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        try:
+            fn()
+        finally:
+            dist.destroy_process_group()
+        return
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    spawn(fn, world_size, dist_backend="nccl" if gpus >= world_size else "gloo", timeout=timeout)
