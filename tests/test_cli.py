@@ -58,6 +58,15 @@ def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
             assert row["bytes_across_max_rank"]["dispatch"] > 0
 
 
+def test_selftest_on_eight_ranks_every_tp_size() -> None:
+    """EP8's rank count (issue 7's machines are not lent): the contract on 8 gloo ranks, with
+    attention-TP replicas of 1, 2, 4 and 8 ranks."""
+    res = cli("selftest", "--backend", "reference", "--world-size", "8", "--tp-size", "1", "2", "4", "8")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for tp in (1, 2, 4, 8):
+        assert f"tp_size {tp}: 72 contract cases passed bit for bit" in res.stdout
+
+
 def test_selftest_passes_on_reference() -> None:
     res = cli("selftest", "--backend", "reference", "--world-size", "2", "--tp-size", "1", "2")
     assert res.returncode == 0, res.stdout + res.stderr
