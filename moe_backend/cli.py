@@ -23,7 +23,7 @@ from . import latency_floor, sm_ceilings
 from .backends import nvshmem_available
 from .cli_args import nonnegative_int, positive_int
 from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
-from .launch import init_process_group, spawn, under_torchrun
+from .launch import run_everywhere, under_torchrun
 
 
 def say(msg: str) -> None:
@@ -41,10 +41,6 @@ def _version(pkg: str) -> str:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _dist_backend(world: int) -> str:
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
 
 
 # -- info -----------------------------------------------------------------------------------
@@ -170,16 +166,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def _launch(fn: Any, world: int, *args: Any) -> int:
-    if under_torchrun():
-        init_process_group(_dist_backend(int(os.environ["WORLD_SIZE"])))
-        try:
-            fn(*args)
-        finally:
-            dist.destroy_process_group()
-        return 0
-    backend = _dist_backend(world)
-    say(f"starting {world} local processes ({backend})")
-    spawn(fn, world, *args, dist_backend=backend, timeout=3600)
+    run_everywhere(fn, world, *args, timeout=3600, announce=say)
     return 0
 
 

@@ -84,16 +84,24 @@ def spawn(fn: Callable, world_size: int, *args: Any, dist_backend: str = "gloo",
         raise RuntimeError(f"ranks exited abnormally: {bad}")
 
 
-def run_everywhere(fn: Callable[[], None], world_size: int = 2, timeout: float = 600) -> None:
-    """Run `fn()` on every rank: torchrun's when started by it, else `world_size` local
-    processes (NCCL when there is a GPU for each, else gloo). `fn` must be importable (defined
-    at module level) for the local processes to find it."""
+def local_dist_backend(local_world: int) -> str:
+    """NCCL when every local rank has a GPU of its own, else gloo."""
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
+
+
+def run_everywhere(fn: Callable[..., None], world_size: int, *args: Any, timeout: float = 600,
+                   announce: Callable[[str], None] | None = None) -> None:
+    """Run `fn(*args)` on every rank: torchrun's when started by it (the backend chosen by the
+    ranks on this node), else `world_size` local processes. `fn` must be importable (defined at
+    module level) for the local processes to find it."""
     if under_torchrun():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group(local_dist_backend(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))))
         try:
-            fn()
+            fn(*args)
         finally:
             dist.destroy_process_group()
         return
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    spawn(fn, world_size, dist_backend="nccl" if gpus >= world_size else "gloo", timeout=timeout)
+    backend = local_dist_backend(world_size)
+    if announce is not None:
+        announce(f"starting {world_size} local processes ({backend})")
+    spawn(fn, world_size, *args, dist_backend=backend, timeout=timeout)

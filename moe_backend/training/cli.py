@@ -10,18 +10,11 @@ import argparse
 import os
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from ..cli_args import positive_int
 from ..config import ConfigError
-from ..launch import init_process_group, spawn, under_torchrun
+from ..launch import local_dist_backend, run_everywhere, under_torchrun
 from ..train_config import DISPATCHERS, TrainConfig, check_device, load_train, resolve_train_config
 from . import report
-
-
-def dist_backend(local_world: int) -> str:
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= local_world else "gloo"
 
 
 def load_with_overrides(args: argparse.Namespace) -> TrainConfig:
@@ -70,18 +63,10 @@ def _train_body(cfg: TrainConfig, out_dir: str | None, progress: bool, profile_d
 
 def run_distributed(fn: Any, cfg: TrainConfig, *args: Any) -> None:
     """Run `fn(cfg, *args)` on every rank: torchrun's, or `world_size` local processes."""
-    if under_torchrun():
-        init_process_group(dist_backend(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))))
-        try:
-            fn(cfg, *args)
-        finally:
-            dist.destroy_process_group()
-        return
     world = cfg.parallel.world_size
-    backend = dist_backend(world)
-    check_device(cfg, backend == "nccl")  # in the parent: a clear error, not one traceback per rank
-    report.say(f"starting {world} local processes ({backend})")
-    spawn(fn, world, cfg, *args, dist_backend=backend, timeout=3600)
+    if not under_torchrun():  # in the parent: a clear error, not one traceback per rank
+        check_device(cfg, local_dist_backend(world) == "nccl")
+    run_everywhere(fn, world, cfg, *args, timeout=3600, announce=report.say)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
