@@ -140,6 +140,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _selftest_body(backend: str, seed: int, tp_sizes: list[int]) -> None:
     from .testing import contract_matrix
 
+    # Under torchrun every rank drew its own fresh seed: the inputs must be rank 0's on all.
+    agreed = [seed]
+    dist.broadcast_object_list(agreed, src=0)
+    seed = agreed[0]
+    say(f"selftest seed {seed}")
     for tp in tp_sizes:
         count = contract_matrix(backend, tp, seed)
         say(f"selftest: backend {backend}, tp_size {tp}: {count} contract cases passed bit for bit")
@@ -161,7 +166,6 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
     tp_sizes = selftest_tp_sizes(args.tp_size, world)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
-    say(f"selftest seed {seed}")
     return _launch(_selftest_body, args.world_size, args.backend, seed, tp_sizes)
 
 

@@ -67,6 +67,17 @@ def test_selftest_on_eight_ranks_every_tp_size() -> None:
         assert f"tp_size {tp}: 72 contract cases passed bit for bit" in res.stdout
 
 
+def test_selftest_under_torchrun_agrees_on_one_seed() -> None:
+    """Under torchrun every rank parses the command line and draws a seed: the ranks must
+    check rank 0's inputs (with their own seeds the contract failed on every rank)."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    res = subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "moe_backend.cli", "selftest", "--backend",
+                          "reference", "--tp-size", "1"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("selftest seed") == 1  # rank 0 reports the one seed every rank used
+    assert "tp_size 1: 72 contract cases passed bit for bit" in res.stdout
+
+
 def test_selftest_passes_on_reference() -> None:
     res = cli("selftest", "--backend", "reference", "--world-size", "2", "--tp-size", "1", "2")
     assert res.returncode == 0, res.stdout + res.stderr
