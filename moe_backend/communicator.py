@@ -43,7 +43,8 @@ class Communicator:
             raise TypeError(f"spec must be a CommSpec, got {type(spec).__name__}")
         if group is not None and not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
-        if dist.get_rank(group) < 0:
+        rank = dist.get_rank(group)
+        if rank < 0:
             raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of group")
         world = dist.get_world_size(group)
         if spec.world_size != world:
@@ -54,7 +55,7 @@ class Communicator:
         self.group = group
         self.device = _checked_device(device) if device is not None else _default_device()
         self.check_inputs = check_inputs
-        self.rank = dist.get_rank(group)
+        self.rank = rank
         self.id = next(_ids)
         _agree(spec, resolve_backend(backend, self.device), backend_options, group)
         self.backend = create_backend(backend, spec, group, self.device, **backend_options)

@@ -88,7 +88,7 @@ def _prefill_floor(preset: dict[str, Any], row: dict[str, Any], world: int) -> f
     """The larger of the link time (bytes across at the run's copy rate) and the time the whole
     GPU takes to write (dispatch) or read (combine) the expert rows at the run's SM rates."""
     copy, sms = preset.get("copy_rate_gbps"), (preset.get("sm_ceilings_gbps") or {})
-    full = next((v for v in sms.values() if v.get("sms") == max(s.get("sms", 0) for s in sms.values())), None)
+    full = max(sms.values(), key=lambda v: v.get("sms", 0), default=None)  # the whole GPU's rates
     if not copy or not full or not row.get("bytes_across_max_rank"):
         return None
     rows = _expert_row_bytes(preset, row["num_tokens"], world)
