@@ -230,11 +230,12 @@ def contract_tasks_worker() -> None:
     for transport in ("put", "nvlink"):
         options = {"transport": transport}
         try:
-            assert contract_tasks.bad_inputs("nvshmem", options) == contract_tasks.BAD_INPUTS_CPU + 1
+            refused = contract_tasks.bad_inputs("nvshmem", options)
+            assert refused == contract_tasks.BAD_INPUTS_CPU + 1, f"bad_inputs refused {refused}"
             contract_tasks.construction_checks("nvshmem", options)
             contract_tasks.split_phases("nvshmem", options)
             contract_tasks.padded_view("nvshmem", options)
             contract_tasks.host_valid_rows("nvshmem", options)
         except Exception as err:
-            raise AssertionError(f"[{transport}] {err}") from err
+            raise AssertionError(f"[{transport}] {type(err).__name__}: {err}") from err
     contract_tasks.host_valid_rows("reference")
