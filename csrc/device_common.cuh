@@ -84,6 +84,8 @@ __host__ __device__ inline long long sig_comb(const Params& p, int r, int t, int
 // largest of the groups' counts every rank receives), at least SLICE_MIN_ELEMS elements a slice.
 // Measured at EP2, DeepSeek decode in a 128-token arena, combine 1 / 32 / 128 tokens: one S for
 // the arena (8) 14.2 / 15.9 / 22.2 us; 14 slices 13.0 / 15.5 / 27.7; 4 slices 17.4 / 19.0 / 21.0.
+// Round 34 (world size 1): 256-element slices (28 at 1 token) 9.3-9.5 / 13.2-13.3 / 16.7 us
+// against 9.3-9.5 / 11.5-11.6 / 16.8 us with 512.
 constexpr int SLICE_MIN_ELEMS = 512;
 __device__ __forceinline__ int call_slices(const Params& p) {
   const unsigned long long n = p.state[8];
@@ -625,12 +627,15 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   }
   if (j != 0) return;
   const long long coff = 16 + (long long)p.M * topk * 8;
-  for (int e = tid; e < E; e += nt) {
-    int cnt = 0;
-    for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
-    for (int r = 0; r < nd; ++r) {
-      if (ll) st_tagged(dst(r) + ll_count_off(p) + e * 8, (unsigned)cnt, round);
-      else *reinterpret_cast<int*>(dst(r) + coff + e * 4) = cnt;
+  // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'
+  // counts; the staging copy takes every count, and put_direct_table puts each rank its own).
+  for (int r = 0; r < p.W; ++r) {
+    char* d = dst(r);
+    for (int e = r * p.L + tid; e < (r + 1) * p.L; e += nt) {
+      int cnt = 0;
+      for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
+      if (ll) st_tagged(d + ll_count_off(p) + e * 8, (unsigned)cnt, round);
+      else *reinterpret_cast<int*>(d + coff + e * 4) = cnt;
     }
   }
   if (tid == 0)
