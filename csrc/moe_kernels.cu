@@ -95,6 +95,7 @@ struct Ctx {
   cudaEvent_t ce_join = nullptr;
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
+  bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
 };
 
@@ -310,6 +311,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->ce_send = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", dense && !one_queue, true);
     cx->ce_forced = p->ce_send && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
   }
+  // Round 35: a whole dispatch on nvlink with the direct receive in one launch; =0 keeps send + receive.
+  cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -400,34 +403,44 @@ static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L 
 
 // Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
 // `stream`.
-static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
-                                                    bool weighted, const at::Tensor& x, const at::Tensor& xs,
-                                                    cudaStream_t stream) {
+// The receive's outputs: tokens, scales, weights, tokens per expert, offsets, src group / token / k.
+static std::vector<at::Tensor> alloc_recv_outputs(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
+                                                  bool weighted) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
   MOE_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
-  at::Tensor tokens = at::empty({R, p.H}, dev.dtype(codes[in_dtype_code]));
-  at::Tensor scales = at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat));
-  at::Tensor weights = at::empty({weighted ? R : 0}, dev.dtype(at::kFloat));
-  at::Tensor tpe = at::empty({p.L}, dev.dtype(at::kLong));
-  at::Tensor offs = at::empty({p.L + 1}, dev.dtype(at::kLong));
-  at::Tensor sg = at::empty({R}, dev.dtype(at::kInt));
-  at::Tensor st = at::empty({R}, dev.dtype(at::kInt));
-  at::Tensor sk = at::empty({R}, dev.dtype(at::kInt));
+  return {at::empty({R, p.H}, dev.dtype(codes[in_dtype_code])), at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat)),
+          at::empty({weighted ? R : 0}, dev.dtype(at::kFloat)),  at::empty({p.L}, dev.dtype(at::kLong)),
+          at::empty({p.L + 1}, dev.dtype(at::kLong)),            at::empty({R}, dev.dtype(at::kInt)),
+          at::empty({R}, dev.dtype(at::kInt)),                   at::empty({R}, dev.dtype(at::kInt))};
+}
+static DirectOut direct_out(const std::vector<at::Tensor>& o) {
+  return {reinterpret_cast<char*>(o[0].data_ptr()), o[1].data_ptr<float>(),
+          o[2].numel() ? o[2].data_ptr<float>() : nullptr, o[3].data_ptr<int64_t>(), o[4].data_ptr<int64_t>(),
+          o[5].data_ptr<int>(), o[6].data_ptr<int>(), o[7].data_ptr<int>()};
+}
+// Blocks of the direct receive (and of the fused dispatch): one warp per item.
+static int direct_blocks_of(const Params& p) {
+  return (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
+}
+
+static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
+                                                    bool weighted, const at::Tensor& x, const at::Tensor& xs,
+                                                    cudaStream_t stream) {
+  std::vector<at::Tensor> out = alloc_recv_outputs(p, dev, in_dtype_code, weighted);
+  const at::Tensor &tokens = out[0], &scales = out[1], &weights = out[2], &tpe = out[3], &offs = out[4], &sg = out[5],
+                   &st = out[6], &sk = out[7];
   const char* xp = reinterpret_cast<const char*>(x.data_ptr());
   const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
   if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
     static const bool carve_direct =
         max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>);
     (void)carve_direct;
-    const int blocks = (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
     auto* kernel = p.ll_table ? dispatch_direct_kernel<true> : dispatch_direct_kernel<false>;
-    kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
-        p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
-        weighted ? weights.data_ptr<float>() : nullptr, tpe.data_ptr<int64_t>(), offs.data_ptr<int64_t>(),
-        sg.data_ptr<int>(), st.data_ptr<int>(), sk.data_ptr<int>(), weighted ? 1 : 0, xp, xsp, (int)x.size(0));
+    kernel<<<direct_blocks_of(p), NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
+                                                                                   (int)x.size(0));
     CUDA_OK(cudaGetLastError());
-    return {tokens, scales, weights, tpe, offs, sg, st, sk};
+    return out;
   }
   size_t smem = recv_smem(p);
   static bool attr_set = false;
@@ -477,7 +490,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
                              reinterpret_cast<const char*>(x.data_ptr()),
                              xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0),
                              bulk_warps));
-  return {tokens, scales, weights, tpe, offs, sg, st, sk};
+  return out;
 }
 
 static int64_t dtype_code_of(at::ScalarType t) {
@@ -579,6 +592,18 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
   cx.ce_pending = true;
 }
 
+// Before a new dispatch: side-stream work of a send whose receive never ran, and of the last
+// combine, is joined into the caller's stream, and what it held is released.
+static void settle_pending(Ctx& cx, cudaStream_t stream) {
+  if (cx.stashed || cx.comb_out.defined()) {
+    CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
+    cx.stash.clear();
+    cx.stashed = false;
+    cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();
+  }
+  join_send_side(cx, stream);
+}
+
 at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                          const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
                          int64_t ctx) {
@@ -586,13 +611,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (cx.stashed || cx.comb_out.defined()) {  // a send whose receive never ran: join its side-stream work first
-    CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
-    cx.stash.clear();
-    cx.stashed = false;
-    cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();
-  }
-  join_send_side(cx, stream);
+  settle_pending(cx, stream);
   cx.keep_x = x;
   cx.keep_s = scale ? *scale : at::Tensor();
   const int64_t code = dtype_code_of(x.scalar_type());
@@ -665,6 +684,48 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   cx.keep_x = at::Tensor();
   cx.keep_s = at::Tensor();
   return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
+}
+
+// A whole dispatch (the Communicator's `dispatch`, no work between send and receive): with the
+// direct receive (nvlink, or put with the tagged table), one dispatch_fused_kernel on the
+// caller's stream; otherwise the send and the receive as separate ops.
+std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                                       const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok,
+                                       int64_t n_host, int64_t ctx, int64_t in_dtype_code, bool weighted) {
+  Ctx& cx = CX(ctx);
+  const Params& p = cx.p;
+  MOE_CHECK(weighted == w.has_value(), "dispatch_whole: weighted must say whether topk_weights is given");
+  if (!(p.direct && (p.nvl || p.ll_table) && cx.fused_dispatch && !cx.ce_forced &&
+        dtype_code_of(x.scalar_type()) >= 0)) {
+    const at::Tensor dep = dispatch_send(x, ids, w, scale, ntok, n_host, ctx);
+    return dispatch_recv(dep, ctx, in_dtype_code, weighted);
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  settle_pending(cx, stream);
+  cx.keep_x = cx.keep_s = at::Tensor();  // nothing pending: a stray dispatch_recv is refused
+  std::vector<at::Tensor> out = alloc_recv_outputs(p, x.options(), in_dtype_code, weighted);
+  Params ps = p;
+  ps.ce_send = 0;
+  // Dynamic shared memory: the send's table masks, then (after a barrier) the receive's bases.
+  const size_t smem = std::max(direct_send_smem(p), (size_t)(p.G + 1) * p.L * 4);
+  static const bool ready = [] {
+    for (auto* k : {dispatch_fused_kernel<true, true>, dispatch_fused_kernel<true, false>,
+                    dispatch_fused_kernel<false, true>}) {
+      max_shared_carveout(k);
+      CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
+    }
+    return true;
+  }();
+  (void)ready;
+  auto* kernel = !p.nvl ? dispatch_fused_kernel<false, true>
+                 : p.ll_table ? dispatch_fused_kernel<true, true> : dispatch_fused_kernel<true, false>;
+  kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(
+      ps, direct_out(out), reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(),
+      w ? w->data_ptr<float>() : nullptr, scale ? scale->data_ptr<float>() : nullptr,
+      ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0));
+  CUDA_OK(cudaGetLastError());
+  return out;
 }
 
 // First launch of a combine kernel (static initialisers below): set its carveout (see
@@ -897,6 +958,8 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("dispatch_send(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
         "int n_host, int ctx) -> Tensor");
   m.def("dispatch_recv(Tensor dep, int ctx, int in_dtype_code, bool weighted) -> Tensor[]");
+  m.def("dispatch_whole(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
+        "int n_host, int ctx, int in_dtype_code, bool weighted) -> Tensor[]");
   m.def("combine_send(Tensor expert_y, Tensor? weights, Tensor dep, Tensor? topk_ids, Tensor? num_tokens, int n_host, "
         "Tensor(a!)? out, int ctx) -> Tensor");
   m.def("combine_recv(Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, Tensor(a!) out, int ctx) -> ()");
@@ -922,6 +985,7 @@ TORCH_LIBRARY(moe_backend, m) {
 TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("dispatch_send", moe::dispatch_send);
   m.impl("dispatch_recv", moe::dispatch_recv);
+  m.impl("dispatch_whole", moe::dispatch_whole);
   m.impl("combine_send", moe::combine_send);
   m.impl("combine_recv", moe::combine_recv);
   m.impl("ping", moe::ping);

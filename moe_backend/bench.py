@@ -29,7 +29,11 @@ from .communicator import Communicator
 from .config import BenchPreset
 from .spec import FP8, CommSpec
 
-PHASES = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine")
+# The split phases (each call timed on its own), then the whole ops as a user calls them
+# (`comm.dispatch`, `comm.combine`: a backend may fuse send and receive), then the split
+# phases' sums.
+PHASES = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine",
+          "dispatch_split", "combine_split")
 
 
 class Clock:
@@ -149,9 +153,19 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         m4, h4 = clock.mark(), time.perf_counter()
         pending.recv()
         m5, h5 = clock.mark(), time.perf_counter()
+        # The whole ops, each between GPU barriers like the split ones.
+        barrier(device, flag)
+        w0 = clock.mark()
+        whole = comm.dispatch(x, ids, weights if preset.bench.weighted else None, scale)
+        w1 = clock.mark()
+        barrier(device, flag)
+        w2 = clock.mark()
+        comm.combine(y, whole.handle, whole.weights if preset.bench.weighted else None)
+        w3 = clock.mark()
         if i >= preset.bench.warmup:
             clock.sync()
-            for phase, (a, b) in zip(PHASES, [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (m0, m2), (m3, m5)]):
+            spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
+            for phase, (a, b) in zip(PHASES, spans):
                 samples[phase].append(clock.elapsed_us(a, b))
             for phase, (a, b) in zip(PHASES, [(h0, h1), (h1, h2), (h3, h4), (h4, h5)]):
                 host[phase].append((b - a) * 1e6)
@@ -451,7 +465,8 @@ def format_table(report: dict[str, Any]) -> str:
     if floor:
         lines.append("latency floor (NVLink store + wait, every peer): "
                      + ", ".join(f"{k.replace('_', ' ')} {v['median']:.1f} us" for k, v in floor.items()))
-    lines.append("(median us per phase, slowest rank; 'dispatch'/'combine' = send + recv)")
+    lines.append("(median us per phase, slowest rank; 'dispatch'/'combine' = the whole op, comm.dispatch / "
+                 "comm.combine; '*_split' = send + recv timed as split phases)")
     return "\n".join(lines)
 
 

@@ -82,17 +82,22 @@ class Communicator:
         num_tokens: int | torch.Tensor | None = None,
     ) -> DispatchReceiver:
         """Start the dispatch; returns the receiver whose `recv()` completes it."""
+        return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=False)
+
+    def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> DispatchResult:
+        # Nothing runs between send and receive, so the backend may fuse them (one launch).
+        return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=True).recv()
+
+    def _send(self, x, topk_ids, topk_weights, x_scale, num_tokens, whole: bool) -> DispatchReceiver:
         self._expect_phase("idle", "dispatch")
         x, ids, weights, scale, n = validate.check_dispatch(
             self.spec, self.device, x, topk_ids, topk_weights, x_scale, num_tokens, self.check_inputs
         )
-        pending = self.backend.dispatch_send(x, ids, weights, scale, n)
+        send = self.backend.dispatch_whole if whole else self.backend.dispatch_send
+        pending = send(x, ids, weights, scale, n)
         self._round += 1
         self._phase = "dispatch_sent"
         return DispatchReceiver(self, self._round, pending, ids, n, x.shape[0])
-
-    def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> DispatchResult:
-        return self.dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens).recv()
 
     # -- combine ----------------------------------------------------------------------
     def combine_send(

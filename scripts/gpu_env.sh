@@ -4,6 +4,10 @@
 # when it is missing (gpu_check.sh builds it first).
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# The commit the benchmark JSON records: the carried .commit first (the device's copy of the
+# tree may hold a stale .git; `git rev-parse HEAD > .commit`, then carry it), as gpu_check.sh does.
+[ -n "${MOE_BACKEND_COMMIT:-}" ] || MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+export MOE_BACKEND_COMMIT
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1} NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 source scripts/slurm/nvshmem_env.sh nvlink

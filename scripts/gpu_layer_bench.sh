@@ -14,7 +14,6 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
-export MOE_BACKEND_COMMIT=${MOE_BACKEND_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1
 "$PYTHON" -m moe_backend.cli layer-bench --shapes deepseek mixtral --out "$out/layer_bench.json" "$@" \
   2>&1 | tee "$out/layer_bench.log"

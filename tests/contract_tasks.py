@@ -165,21 +165,35 @@ def failed_receive_ends_round(backend: str) -> None:
 
 
 def split_phases(backend: str, options: dict | None = None) -> None:
-    """Send and receive as separate calls, with other work between; receivers are one-shot."""
+    """Send and receive as separate calls, with other work between; receivers are one-shot.
+    `dispatch` goes through the backend's `dispatch_whole` (which may fuse send and receive),
+    the split phases through `dispatch_send`, and both give the same rows."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend=backend, **(options or {}))
     (x, ids, w, _), device = _inputs(spec, seed=11)
+    calls: list[str] = []
+
+    def counted(name: str) -> None:
+        real = getattr(comm.backend, name)
+        setattr(comm.backend, name, lambda *args: (calls.append(name), real(*args))[1])
+
+    counted("dispatch_whole")
+    counted("dispatch_send")
     whole = comm.dispatch(x, ids, w)
+    assert calls[:1] == ["dispatch_whole"], calls
     ref_out = comm.combine(whole.tokens, whole.handle, weights=whole.weights)
 
+    calls.clear()
     receiver = comm.dispatch_send(x, ids, w)
+    assert calls == ["dispatch_send"], calls
     busy = torch.randn(64, 64, device=device) @ torch.randn(64, 64, device=device)  # overlapped work
     split = receiver.recv()
     _raises(RoundError, r"already used", receiver.recv)
     # Rows past the total are unspecified (the nvshmem backend's static shapes leave them as
     # the allocator gave them), so the valid rows are compared.
     split_valid, whole_valid = split.valid(), whole.valid()
-    assert torch.equal(split_valid.tokens.view(torch.int16), whole_valid.tokens.view(torch.int16)), "split tokens differ"
+    same = torch.equal(split_valid.tokens.view(torch.int16), whole_valid.tokens.view(torch.int16))
+    assert same, "split tokens differ"
     assert torch.equal(split_valid.weights, whole_valid.weights), "split weights differ"
     pending = comm.combine_send(split.tokens, split.handle, weights=split.weights)
     busy = busy @ busy

@@ -57,6 +57,18 @@ class Backend(abc.ABC):
     ) -> Any:
         """Start sending; never blocks on peers. Returns state for `dispatch_recv`."""
 
+    def dispatch_whole(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        x_scale: torch.Tensor | None,
+        num_tokens: int | torch.Tensor,
+    ) -> Any:
+        """A dispatch with nothing between send and receive (`Communicator.dispatch`): a
+        backend may do it in fewer steps. Returns state for `dispatch_recv`."""
+        return self.dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens)
+
     @abc.abstractmethod
     def dispatch_recv(self, pending: Any) -> Received:
         """Wait for this round's tokens and lay them out per local expert."""

@@ -24,6 +24,9 @@ stream of the arena, concurrent with the send; `dispatch_recv` joins it (events,
 capturable). On for arenas of at most 256 source tokens per SM of `num_sms`, and for any arena
 when `num_sms` is at most half the GPU's SMs (the waiting kernels then leave the send room).
 `MOE_BACKEND_NVSHMEM_OVERLAP=0` (read when an arena is created) turns it off.
+A whole `dispatch` (no work between send and receive) is one fused kernel, send then
+receive in the same blocks, wherever the direct receive runs (small arenas: decode);
+`MOE_BACKEND_NVSHMEM_FUSED_DISPATCH=0` keeps the two kernels.
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
@@ -80,6 +83,7 @@ _ops = torch.ops.moe_backend
 # The ops' OpOverloads, resolved once: calling them skips OpOverloadPacket.__call__.
 _dispatch_send = _ops.dispatch_send.default
 _dispatch_recv = _ops.dispatch_recv.default
+_dispatch_whole = _ops.dispatch_whole.default
 _combine_send = _ops.combine_send.default
 _combine_recv = _ops.combine_recv.default
 
@@ -142,20 +146,33 @@ class NvshmemBackend(Backend):
             return num_tokens, 0
         return None, int(num_tokens)
 
-    def dispatch_send(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
+    def _claim_arena(self) -> None:
         arena = self.arena
         arena.check()
         if arena.owner is not self:
             arena.claim(self)
-        if isinstance(num_tokens, torch.Tensor):
-            dep = _dispatch_send(x, topk_ids, topk_weights, x_scale, num_tokens, 0, self._ctx)
-        else:
-            dep = _dispatch_send(x, topk_ids, topk_weights, x_scale, None, int(num_tokens), self._ctx)
-        return dep, topk_weights is not None
+
+    def dispatch_send(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
+        self._claim_arena()
+        nt, nh = self._split_n(num_tokens)
+        return _dispatch_send(x, topk_ids, topk_weights, x_scale, nt, nh, self._ctx), topk_weights is not None
+
+    def dispatch_whole(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
+        # One launch on nvlink with the direct receive (the extension falls back to send +
+        # receive elsewhere); the receive below only collects the outputs.
+        self._claim_arena()
+        nt, nh = self._split_n(num_tokens)
+        weighted = topk_weights is not None
+        outs = _dispatch_whole(x, topk_ids, topk_weights, x_scale, nt, nh, self._ctx, self._in_code, weighted)
+        return (outs, x.new_empty(0, dtype=torch.int32)), weighted
 
     def dispatch_recv(self, pending) -> Received:
         dep, weighted = pending
-        tokens, scales, weights, tpe, offs, sg, st, sk = _dispatch_recv(dep, self._ctx, self._in_code, weighted)
+        if isinstance(dep, tuple):  # from dispatch_whole: its outputs, and the combine's dependency
+            outs, dep = dep
+        else:
+            outs = _dispatch_recv(dep, self._ctx, self._in_code, weighted)
+        tokens, scales, weights, tpe, offs, sg, st, sk = outs
         self._after_recv()
         return Received(
             tokens=tokens,
@@ -204,8 +221,15 @@ def _register_fakes() -> None:
     def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, ctx):
         return x.new_empty(0, dtype=torch.int32)
 
+    @register_fake("moe_backend::dispatch_whole")
+    def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, ctx, in_dtype_code, weighted):
+        return _recv_outputs(x, ctx, in_dtype_code, weighted)
+
     @register_fake("moe_backend::dispatch_recv")
     def _(dep, ctx, in_dtype_code, weighted):
+        return _recv_outputs(dep, ctx, in_dtype_code, weighted)
+
+    def _recv_outputs(dep, ctx, in_dtype_code, weighted):
         spec = rt.arena_for_ctx(ctx).spec
         R = spec.max_recv_tokens
         dt = [torch.bfloat16, torch.float16, torch.float32, FP8][in_dtype_code]

@@ -38,7 +38,7 @@ def test_extension_built_and_registers_ops():
         import moe_backend._C  # noqa: F401
     except ImportError as err:  # e.g. no libcuda on a CPU-only machine: the file exists, that is enough
         pytest.skip(f"built ({so[0]}) but not loadable here: {err}")
-    for op in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv"):
+    for op in ("dispatch_send", "dispatch_recv", "dispatch_whole", "combine_send", "combine_recv"):
         assert hasattr(torch.ops.moe_backend, op)
 
 

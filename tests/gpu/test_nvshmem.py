@@ -163,6 +163,15 @@ def test_contract_suite_direct_receive_untagged():
     _spawn(_contract_under_env, 8, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
+def test_contract_suite_split_dispatch():
+    """`comm.dispatch` runs the fused dispatch kernel (send, then the direct receive, in one
+    launch) wherever the direct receive runs (round 35); the other tests cover it there. This one
+    turns it off (MOE_BACKEND_NVSHMEM_FUSED_DISPATCH=0) so that a whole dispatch is again a send
+    kernel and a receive kernel: the same results, rounds and replays."""
+    env = {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}
+    _spawn(_contract_under_env, 9, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""

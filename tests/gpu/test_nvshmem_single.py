@@ -85,12 +85,15 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "register-copy": the dispatch copy with a work counter (arenas past a block per SM of items)
 # stores its rows from registers, and the plan reads the count matrix by 4-byte loads, as before
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
+# "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
+# receive, one fused kernel since round 35).
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
+    "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
 }
 
 
