@@ -812,8 +812,8 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // Communicator's `dispatch`, not its split phases): one launch where there were two on two
 // streams. Every block first does its share of the send (entered flags, table, tokens; the
 // send kernel's work with this grid), then its direct-receive items. The grid is the direct
-// receive's (at most one block per SM, which fits beside nothing else), so every block is
-// resident and the receive's waits cannot hold back a send of this rank. Saves a launch and
+// receive's, at most one block per SM (create_ctx), so on an idle GPU every block is resident
+// and no receive wait can hold back a send of this rank. Saves a launch and
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
 template <bool NVL, bool LL>

@@ -311,7 +311,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->ce_send = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", dense && !one_queue, true);
     cx->ce_forced = p->ce_send && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
   }
-  // Round 35: a whole dispatch on nvlink with the direct receive in one launch; =0 keeps send + receive.
+  // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
