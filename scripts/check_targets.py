@@ -5,7 +5,8 @@
 
 The targets are EP2's (two GPUs of one host): a file written at another world size is skipped.
 Each target is checked in every file that has the rows it needs (nvshmem-nvlink unless it
-says otherwise; medians of the slowest rank, each op = send + receive):
+says otherwise; medians of the slowest rank, each op as `comm.dispatch` / `comm.combine` run
+it: send + receive, since round 35 possibly one fused launch):
 - DeepSeek decode (fp8 + scales dispatch, bf16 combine), 128 tokens: dispatch <= 15 us,
   combine <= 22 us; 1 token: both <= 10 us.
 - DeepSeek prefill (bf16), 4096 tokens: dispatch <= 210 us, combine <= 230 us; with the
@@ -17,8 +18,9 @@ says otherwise; medians of the slowest rank, each op = send + receive):
 - overlap (the sweep preset's rows): dispatch send, an independent matmul, dispatch receive
   take at most 1.15x the longer of the two alone.
 Where the run's own measurements give one, a check also carries a bound, the best those
-measurements allow: the two-launch flag exchange for decode, the link (bytes across at the
-copy rate) and the expert-row traffic for prefill. A target its bound misses is out of reach.
+measurements allow: the flag exchange in as many launches as the op for decode, the link
+(bytes across at the copy rate) and the expert-row traffic for prefill. A target its bound
+misses is out of reach.
 Prints one line per check and a count of those met; `--json` writes them too. Exit code 0
 whatever was met (it is a report); 2 when no file has a row any target needs.
 """
@@ -78,10 +80,13 @@ def _at_most(target: str, source: str, value: float, limit: float, bound: float 
     return Check(target, source, round(value, 3), limit, value <= limit, reach, bound is not None and bound > limit)
 
 
-def _launch_floor(preset: dict[str, Any]) -> float | None:
-    """A split op is two launches that exchange flags: the run's two-launch floor bounds it."""
+def _launch_floor(preset: dict[str, Any], row: dict[str, Any], op: str) -> float | None:
+    """An op of two launches that exchange flags is bounded by the run's two-launch floor. A
+    bench that times the whole op apart from its split phases (a `<op>_split` phase, since
+    round 35) may have fused the dispatch into one launch: its one-launch floor bounds it."""
     floor = preset.get("latency_floor_us") or {}
-    return floor.get("2_launches", {}).get("median")
+    launches = "1_launch" if op == "dispatch" and f"{op}_split" in row["phases"] else "2_launches"
+    return floor.get(launches, {}).get("median")
 
 
 def _prefill_floor(preset: dict[str, Any], row: dict[str, Any], world: int) -> float | None:
@@ -103,9 +108,9 @@ def checks_for(report: dict[str, Any], source: str) -> list[Check]:
     found: list[Check] = []
     for tokens, limits in ((128, {"dispatch": 15.0, "combine": 22.0}), (1, {"dispatch": 10.0, "combine": 10.0})):
         row = rows.get(("deepseek-decode", NVLINK, tokens))
-        floor = _launch_floor(presets["deepseek-decode"]) if row else None
         for op, limit in limits.items():
             if row:
+                floor = _launch_floor(presets["deepseek-decode"], row, op)
                 found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit, floor))
     full = rows.get(("deepseek-prefill", NVLINK, 4096))
     few = rows.get(("deepseek-prefill", FEW_SMS, 4096))

@@ -66,6 +66,20 @@ def test_limits_are_inclusive_and_every_put_row_is_paired() -> None:
     assert not any("32" in t for t in got)
 
 
+def test_fused_dispatch_is_bounded_by_one_launch() -> None:
+    """A bench that times the whole op apart from its split phases (round 35 on) may have fused
+    the dispatch into one launch: the one-launch floor bounds it; the combine keeps two."""
+    row = _row("nvshmem-nvlink", 1, 10.6, 9.6)
+    floors = {"1_launch": {"median": 7.7}, "2_launches": {"median": 8.9}}
+    report = _report(2, ("deepseek-decode", [row]))
+    report["results"][0]["latency_floor_us"] = floors
+    bounds = lambda: {c.target: c.bound for c in check_targets.checks_for(report, "x")}  # noqa: E731
+    assert bounds()["decode 1 token(s) dispatch (us)"] == 8.9  # split phases only: two launches
+    row["phases"] |= {"dispatch_split": {"median": 11.4}, "combine_split": {"median": 9.5}}
+    got = bounds()
+    assert got["decode 1 token(s) dispatch (us)"] == 7.7 and got["decode 1 token(s) combine (us)"] == 8.9
+
+
 def test_overlap_rows_are_checked() -> None:
     overlap = {"ratio": 1.2}
     report = _report(2, ("deepseek-sweep", [_row("nvshmem-nvlink", 64, 20, 20, overlap=overlap),
