@@ -12,7 +12,10 @@ and prints, per token count, the medians over the iterations of
   events around send + receive): the difference is launch latency outside the kernels.
 
     python scripts/kernel_timeline.py [--config deepseek_decode] [--tokens 1 128] [--sms N]
-                                      [--world-size 2] [--iters 100] [--out timeline.json]
+                                      [--world-size 2] [--iters 100] [--out timeline.json] [--split]
+
+The dispatch is the whole `comm.dispatch` (one fused kernel at decode sizes since round 35: the
+send's stamps, then the receive's, in one kernel); `--split` times `dispatch_send` + `recv`.
 
 The stamps cost time even when off, so only a build with them has them:
     rm -f moe_backend/_C*.so && MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace
@@ -62,7 +65,7 @@ def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
 
 
 def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
-            out: str | None) -> None:
+            out: str | None, split: bool) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     preset = load_bench(resolve_config(config, bench_presets_dir()))
     spec = preset.comm.to_spec(dist.get_world_size())
@@ -80,7 +83,10 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             ops.timeline_stamps(1)  # reset and on (synchronises)
             bench.barrier(device, flag)
             m0 = clock.mark()
-            result = comm.dispatch_send(x, ids, None, scale).recv()
+            if split:  # the two kernels of the split phases
+                result = comm.dispatch_send(x, ids, None, scale).recv()
+            else:  # the whole op, fused where the direct receive runs (send stamps, then receive's)
+                result = comm.dispatch(x, ids, None, scale)
             m1 = clock.mark()
             if y is None:
                 y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
@@ -108,6 +114,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
                 print(f"  {key:<32}" + "".join(f"{g[str(n)][key]:>10.1f}" for g in gathered))
         if out:
             bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
+                                    "dispatch": "split" if split else "whole",
                                     "world_size": dist.get_world_size(),
                                     "num_sms": sms, "per_rank": gathered}])
 
@@ -121,11 +128,13 @@ def main() -> int:
     ap.add_argument("--world-size", type=int, default=2, help="local GPUs (one process each)")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--out", help="write the medians per rank as JSON here")
+    ap.add_argument("--split", action="store_true",
+                    help="dispatch by send + receive (two kernels), not the whole comm.dispatch")
     args = ap.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 dist_backend="nccl", timeout=600)
+                 args.split, dist_backend="nccl", timeout=600)
     return 0
 
 
