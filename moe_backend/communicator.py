@@ -85,7 +85,8 @@ class Communicator:
         return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=False)
 
     def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> DispatchResult:
-        # Nothing runs between send and receive, so the backend may fuse them (one launch).
+        """Send and receive in one call. Nothing runs between them, so the backend may fuse
+        them (the nvshmem backend: one kernel at decode sizes); use `dispatch_send` to overlap."""
         return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=True).recv()
 
     def _send(self, x, topk_ids, topk_weights, x_scale, num_tokens, whole: bool) -> DispatchReceiver:
