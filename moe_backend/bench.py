@@ -134,7 +134,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     x, ids, weights, scale = make_routing(spec, n, preset.bench.seed, device)
     flag = torch.ones(1, device=device)
     samples: dict[str, list[float]] = {p: [] for p in PHASES}
-    host: dict[str, list[float]] = {p: [] for p in PHASES[:4]}  # CPU time of each call
+    host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
     for i in range(preset.bench.warmup + preset.bench.iters):
         barrier(device, flag)
@@ -155,19 +155,19 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         m5, h5 = clock.mark(), time.perf_counter()
         # The whole ops, each between GPU barriers like the split ones.
         barrier(device, flag)
-        w0 = clock.mark()
+        w0, g0 = clock.mark(), time.perf_counter()  # host times of the whole ops leave the marks out
         whole = comm.dispatch(x, ids, weights if preset.bench.weighted else None, scale)
-        w1 = clock.mark()
+        g1, w1 = time.perf_counter(), clock.mark()
         barrier(device, flag)
-        w2 = clock.mark()
+        w2, g2 = clock.mark(), time.perf_counter()
         comm.combine(y, whole.handle, whole.weights if preset.bench.weighted else None)
-        w3 = clock.mark()
+        g3, w3 = time.perf_counter(), clock.mark()
         if i >= preset.bench.warmup:
             clock.sync()
             spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
             for phase, (a, b) in zip(PHASES, spans):
                 samples[phase].append(clock.elapsed_us(a, b))
-            for phase, (a, b) in zip(PHASES, [(h0, h1), (h1, h2), (h3, h4), (h4, h5)]):
+            for phase, (a, b) in zip(PHASES, [(h0, h1), (h1, h2), (h3, h4), (h4, h5), (g0, g1), (g2, g3)]):
                 host[phase].append((b - a) * 1e6)
     result_stats = max_over_ranks({p: stats(s) for p, s in samples.items()})
     host_stats = max_over_ranks({p: stats(s) for p, s in host.items()})

@@ -53,6 +53,7 @@ def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
         assert [r["num_tokens"] for r in ref] == [1, 64]
         for row in ref:
             assert set(row["phases"]) == set(PHASES)
+            assert set(row["host_us"]) == set(PHASES[:6])  # the calls' CPU time, split and whole
             for s in row["phases"].values():
                 assert 0 < s["p10"] <= s["median"] <= s["p90"]
             assert row["bytes_across_max_rank"]["dispatch"] > 0
