@@ -28,6 +28,20 @@ __device__ __forceinline__ int send_count(const int* __restrict__ nptr, int n_ho
   return n < 0 ? 0 : (n > rows ? rows : n);
 }
 
+// The send's inputs as dispatch_fused_kernel takes them (its put instance spills 12 B more
+// than with separate pointers, 116 B, its nvlink instance the same 4 B). dispatch_send_kernel
+// keeps separate restrict pointers: as this struct its put instance spilled 24 B more.
+struct SendIn {
+  const char* x;
+  const int* ids;
+  const float* w;      // null when unweighted
+  const float* scale;  // fp8 only
+  const int* nptr;     // the device token count, or null: n_host
+  int n_host;
+  int rows;            // x's rows
+  __device__ __forceinline__ int count() const { return send_count(nptr, n_host, rows); }
+};
+
 // The send's work for the calling block (of any size): the entered flags, the table's share,
 // then its tokens. Also the first half of dispatch_fused_kernel.
 template <bool NVL>
@@ -817,15 +831,11 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
 template <bool NVL, bool LL>
-__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, DirectOut o, const char* __restrict__ x,
-                                                                   const int* __restrict__ ids,
-                                                                   const float* __restrict__ w,
-                                                                   const float* __restrict__ scale,
-                                                                   const int* __restrict__ nptr, int n_host, int rows) {
+__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
-  dispatch_send_body<NVL>(p, x, ids, w, scale, send_count(nptr, n_host, rows), p.state[0] + 1);
+  dispatch_send_body<NVL>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
-  dispatch_direct_body<LL>(p, o, x, reinterpret_cast<const char*>(scale), rows);
+  dispatch_direct_body<LL>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
   stamp_exit(ST_COPY);
 }
 

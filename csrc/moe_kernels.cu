@@ -604,6 +604,14 @@ static void settle_pending(Ctx& cx, cudaStream_t stream) {
   join_send_side(cx, stream);
 }
 
+// The send's inputs from the op's arguments.
+static SendIn send_in(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                      const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host) {
+  return {reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(), w ? w->data_ptr<float>() : nullptr,
+          scale ? scale->data_ptr<float>() : nullptr, ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host,
+          (int)x.size(0)};
+}
+
 at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                          const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
                          int64_t ctx) {
@@ -625,25 +633,23 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
     cx.keep_w = w ? *w : at::Tensor();
     cx.keep_n = ntok ? *ntok : at::Tensor();
   }
-  const int rows = x.size(0);
+  const SendIn in = send_in(x, ids, w, scale, ntok, n_host);
+  const int rows = in.rows;
   const int per_replica = (p.M + p.tp - 1) / p.tp;
   int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
-  const char* xp = reinterpret_cast<const char*>(x.data_ptr());
-  const int* ip = ids.data_ptr<int>();
-  const float* wp = w ? w->data_ptr<float>() : nullptr;
-  const float* sp = scale ? scale->data_ptr<float>() : nullptr;
-  const int* np = ntok ? ntok->data_ptr<int>() : nullptr;
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
   Params ps = p;
-  const int n_send = np ? rows : std::max(0, std::min((int)n_host, rows));
+  const int n_send = in.nptr ? rows : std::max(0, std::min((int)n_host, rows));
   ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
   if (ps.ce_send) blocks = std::min(blocks, table_blocks(p));  // the send kernel ships the table only
   const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, in.x, in.ids, in.w, in.scale,
+                                                                                 in.nptr, in.n_host, in.rows);
   else
-    dispatch_send_kernel<false><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, xp, ip, wp, sp, np, (int)n_host, rows);
+    dispatch_send_kernel<false><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, in.x, in.ids, in.w, in.scale,
+                                                                                  in.nptr, in.n_host, in.rows);
   CUDA_OK(cudaGetLastError());
   if (send_stream != stream) CUDA_OK(cudaEventRecord(cx.send_join, send_stream));
   // The copy-engine send is enqueued before the receive, never after: streams share hardware
@@ -651,7 +657,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   // they timed out (round 15). Queued first, its items wait only for local copies.
   if (ps.ce_send) {
     const unsigned long long all = p.W >= 64 ? ~0ULL : ((1ULL << p.W) - 1ULL);
-    launch_ce_send(cx, xp, reinterpret_cast<const char*>(sp), np, n_send, all & ~own_group_ranks(p));
+    launch_ce_send(cx, in.x, reinterpret_cast<const char*>(in.scale), in.nptr, n_send, all & ~own_group_ranks(p));
   }
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
@@ -720,10 +726,7 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
   (void)ready;
   auto* kernel = !p.nvl ? dispatch_fused_kernel<false, true>
                  : p.ll_table ? dispatch_fused_kernel<true, true> : dispatch_fused_kernel<true, false>;
-  kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(
-      ps, direct_out(out), reinterpret_cast<const char*>(x.data_ptr()), ids.data_ptr<int>(),
-      w ? w->data_ptr<float>() : nullptr, scale ? scale->data_ptr<float>() : nullptr,
-      ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0));
+  kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());
   return out;
 }

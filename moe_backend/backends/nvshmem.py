@@ -158,20 +158,19 @@ class NvshmemBackend(Backend):
         return _dispatch_send(x, topk_ids, topk_weights, x_scale, nt, nh, self._ctx), topk_weights is not None
 
     def dispatch_whole(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
-        # One launch on nvlink with the direct receive (the extension falls back to send +
-        # receive elsewhere); the receive below only collects the outputs.
+        # One launch where the direct receive runs (the extension falls back to send + receive
+        # elsewhere): the pending state is the outputs, which dispatch_recv only collects.
         self._claim_arena()
         nt, nh = self._split_n(num_tokens)
         weighted = topk_weights is not None
-        outs = _dispatch_whole(x, topk_ids, topk_weights, x_scale, nt, nh, self._ctx, self._in_code, weighted)
-        return (outs, x.new_empty(0, dtype=torch.int32)), weighted
+        return _dispatch_whole(x, topk_ids, topk_weights, x_scale, nt, nh, self._ctx, self._in_code, weighted), weighted
 
     def dispatch_recv(self, pending) -> Received:
-        dep, weighted = pending
-        if isinstance(dep, tuple):  # from dispatch_whole: its outputs, and the combine's dependency
-            outs, dep = dep
-        else:
-            outs = _dispatch_recv(dep, self._ctx, self._in_code, weighted)
+        sent, weighted = pending
+        if isinstance(sent, list):  # dispatch_whole's outputs; the combine's dependency is one of them
+            outs, dep = sent, sent[4]
+        else:  # dispatch_send's dependency tensor
+            outs, dep = _dispatch_recv(sent, self._ctx, self._in_code, weighted), sent
         tokens, scales, weights, tpe, offs, sg, st, sk = outs
         self._after_recv()
         return Received(
