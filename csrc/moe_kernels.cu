@@ -982,6 +982,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("num_sms(int device) -> int", moe::num_sms);
   m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
   m.def("timeline_stamps(int mode) -> Tensor", moe::timeline_stamps);
+  m.def("launch_cost(int iters, int device) -> float[]", moe::launch_cost);
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 

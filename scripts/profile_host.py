@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Where the host (CPU) time of an nvshmem dispatch/combine goes, layer by layer.
 
-On 2 GPUs (2 NCCL processes), DeepSeek decode shape (E=256, top-8, H=7168, fp8 + 128-block
-scales, 128 tokens/rank, unweighted), `time.perf_counter_ns` around each call, N calls each:
-  comm      Communicator.dispatch_send / recv / combine_send / recv (check_inputs=False, as the bench)
+On `--world-size` GPUs (one NCCL process each; default 2, or 1 where only one is visible),
+DeepSeek decode shape (E=256, top-8, H=7168, fp8 + 128-block scales, 128 tokens/rank,
+unweighted), `time.perf_counter_ns` around each call, N calls each:
+  comm      Communicator.dispatch_send / recv / combine_send / recv (check_inputs=False, as the
+            bench), and the whole ops users call: dispatch / combine
   backend   NvshmemBackend.dispatch_send / dispatch_recv / combine_send / combine_recv
-  raw_op    torch.ops.moe_backend.<op>.default, called directly with the backend's ctx
+  raw_op    torch.ops.moe_backend.<op>.default, called directly with the backend's ctx (and
+            dispatch_whole)
   ref       references: an op without tensors (torch.ops.moe_backend.n_pes), a one-tensor aten
-            op (aten.alias), torch.empty on the GPU, x.zero_() (one kernel launch), an event record
+            op (aten.alias), torch.empty on the GPU, x.zero_() (one kernel launch), an event record;
+            launch_cost: the host ns of one launch of an empty kernel from C++, with 8 bytes of
+            arguments and with the backend's Params by value (their difference is what passing
+            Params costs every launch)
 Rounds stay in protocol order on both ranks (send, recv, combine send, combine recv), and the
 stream is synchronised between rounds (outside the timed windows), so the GPU never has a
 backlog. Then a torch.profiler trace of 30 Communicator rounds: top CPU ops by self time.
@@ -65,7 +71,8 @@ def _worker(out_dir: str, iters: int) -> None:
             except Exception:
                 pass
 
-    spec = CommSpec(256, 8, 7168, 128, 2, in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=128)
+    spec = CommSpec(256, 8, 7168, 128, dist.get_world_size(), in_dtype=FP8, out_dtype=torch.bfloat16,
+                    scale_block_size=128)
     n = 128
     gen = torch.Generator().manual_seed(1234 + rank)
     ids = torch.rand(n, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk].to(torch.int32).to(dev)
@@ -97,10 +104,16 @@ def _worker(out_dir: str, iters: int) -> None:
             t4 = time.perf_counter_ns()
             c.recv()
             t5 = time.perf_counter_ns()
+            sync_round()
+            t6 = time.perf_counter_ns()
+            whole = comm.dispatch(x, ids, None, scale)
+            t7 = time.perf_counter_ns()
+            comm.combine(y, whole.handle)
+            t8 = time.perf_counter_ns()
             if record is not None:
                 for k, a, b in (("dispatch_send", t0, t1), ("dispatch_recv", t1, t2), ("combine_send", t3, t4),
-                                ("combine_recv", t4, t5)):
-                    record[k].append(b - a)
+                                ("combine_recv", t4, t5), ("dispatch", t6, t7), ("combine", t7, t8)):
+                    record.setdefault(k, []).append(b - a)
 
     def new_rec():
         return {k: [] for k in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
@@ -140,6 +153,7 @@ def _worker(out_dir: str, iters: int) -> None:
         ops = torch.ops.moe_backend
         ds, dr, cs, cr = (ops.dispatch_send.default, ops.dispatch_recv.default, ops.combine_send.default,
                           ops.combine_recv.default)
+        dw = ops.dispatch_whole.default
         ctx = be.arena.ctx
         code = be._in_code
         outb = torch.empty(n, spec.hidden, dtype=spec.out_dtype, device=dev)
@@ -156,10 +170,15 @@ def _worker(out_dir: str, iters: int) -> None:
             t4 = time.perf_counter_ns()
             cr(dep2, ids, None, n, outb, ctx)
             t5 = time.perf_counter_ns()
+            sync_round()
+            t6 = time.perf_counter_ns()
+            outs = dw(x, ids, None, scale, None, n, ctx, code, False)
+            t7 = time.perf_counter_ns()
+            cr(cs(y, None, outs[4], ids, None, n, outb, ctx), ids, None, n, outb, ctx)  # the round's combine, untimed
             if i >= 10:
                 for k, a, b in (("dispatch_send", t0, t1), ("dispatch_recv", t1, t2), ("combine_send", t3, t4),
-                                ("combine_recv", t4, t5)):
-                    rec[k].append(b - a)
+                                ("combine_recv", t4, t5), ("dispatch_whole", t6, t7)):
+                    rec.setdefault(k, []).append(b - a)
         be.check_error()
         collect("raw_op", rec)
 
@@ -185,6 +204,8 @@ def _worker(out_dir: str, iters: int) -> None:
                 ns.append(time.perf_counter_ns() - t0)
             torch.cuda.synchronize()
             res["times_us"][f"ref.{name}"] = _stats(ns)
+        small_ns, params_ns, params_bytes = ops.launch_cost.default(iters, dev.index)
+        res["launch_cost_ns"] = {"args_8_bytes": small_ns, "args_params": params_ns, "params_bytes": params_bytes}
 
     def run_profiler():
         from torch.profiler import ProfilerActivity, profile
@@ -236,6 +257,10 @@ def _table(res: dict) -> list[str]:
     for k, s in res["times_us"].items():
         if s:
             lines.append(f"  {k:<42} {s['median']:9.1f}  [{s['p10']:8.1f}, {s['p90']:8.1f}]")
+    if "launch_cost_ns" in res:
+        lc = res["launch_cost_ns"]
+        lines.append(f"  launch of an empty kernel (C++, median ns): 8-byte args {lc['args_8_bytes']:.0f}, "
+                     f"Params ({lc['params_bytes']:.0f} B) by value {lc['args_params']:.0f}")
     for k, e in res["errors"].items():
         lines.append(f"  ERROR in {k}:\n{e}")
     return lines
@@ -244,7 +269,7 @@ def _table(res: dict) -> list[str]:
 def _write(out_dir: str, gathered: list) -> None:
     os.makedirs(out_dir, exist_ok=True)
     commit = os.environ.get("MOE_BACKEND_COMMIT", "")
-    doc = {"commit": commit, "shape": "deepseek-decode fp8+scales/128, 128 tokens/rank, W=2",
+    doc = {"commit": commit, "shape": f"deepseek-decode fp8+scales/128, 128 tokens/rank, W={len(gathered)}",
            "ranks": [r for r, _ in gathered]}
     with open(os.path.join(out_dir, "profile_host.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -264,6 +289,7 @@ def main() -> int:
     ap.add_argument("out", nargs="?", default=os.environ.get("OUT", "/tmp/moe_profile_host"))
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--timeout", type=float, default=150.0)
+    ap.add_argument("--world-size", type=int, default=None, help="GPUs (processes); default 2, or 1 if only one")
     args = ap.parse_args()
     for k, v in (("NVSHMEM_DISABLE_NVLS", "1"), ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
         os.environ.setdefault(k, v)
@@ -271,12 +297,14 @@ def main() -> int:
     try:
         import torch
 
-        if torch.cuda.device_count() < 2:
-            print("profile_host: needs 2 CUDA GPUs; nothing measured", flush=True)
+        world = args.world_size or min(2, torch.cuda.device_count())
+        if world < 1 or torch.cuda.device_count() < world:
+            print(f"profile_host: needs {max(world, 1)} CUDA GPU(s), {torch.cuda.device_count()} visible; "
+                  "nothing measured", flush=True)
             return 0
         from moe_backend import launch
 
-        launch.spawn(_worker, 2, args.out, args.iters, dist_backend="nccl", timeout=args.timeout)
+        launch.spawn(_worker, world, args.out, args.iters, dist_backend="nccl", timeout=args.timeout)
         return 0
     except Exception:
         msg = traceback.format_exc()
