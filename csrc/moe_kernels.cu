@@ -403,16 +403,45 @@ static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L 
 
 // Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
 // `stream`.
+// A tensor of `sizes` and type `t` at byte `offset` of `storage` (offset a multiple of 16):
+// what `view(dtype)` of a byte slice gives, built without three dispatcher calls.
+static at::Tensor tensor_in(const c10::Storage& storage, int64_t offset, at::ScalarType t, at::IntArrayRef sizes) {
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                            c10::scalarTypeToTypeMeta(t));
+  out.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  out.unsafeGetTensorImpl()->set_storage_offset(offset / (int64_t)c10::elementSize(t));
+  return out;
+}
+
 // The receive's outputs: tokens, scales, weights, tokens per expert, offsets, src group / token / k.
+// The seven small ones share one allocation (16-byte aligned pieces): an eager decode step is
+// host-bound, and each allocation costs the caching allocator's lock and lookup.
 static std::vector<at::Tensor> alloc_recv_outputs(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
                                                   bool weighted) {
   const int64_t R = (int64_t)p.G * p.M * std::min(p.topk, p.L);
   static const at::ScalarType codes[] = {at::kBFloat16, at::kHalf, at::kFloat, at::kFloat8_e4m3fn};
   MOE_CHECK(in_dtype_code >= 0 && in_dtype_code < 4, "dispatch_recv: bad dtype code ", in_dtype_code);
-  return {at::empty({R, p.H}, dev.dtype(codes[in_dtype_code])), at::empty({R, p.scale_bytes / 4}, dev.dtype(at::kFloat)),
-          at::empty({weighted ? R : 0}, dev.dtype(at::kFloat)),  at::empty({p.L}, dev.dtype(at::kLong)),
-          at::empty({p.L + 1}, dev.dtype(at::kLong)),            at::empty({R}, dev.dtype(at::kInt)),
-          at::empty({R}, dev.dtype(at::kInt)),                   at::empty({R}, dev.dtype(at::kInt))};
+  MOE_CHECK(dev.device().is_cuda(), "dispatch_recv: outputs go to a CUDA device");
+  struct Piece {
+    at::ScalarType t;
+    std::vector<int64_t> sizes;
+  };
+  const Piece pieces[] = {{at::kFloat, {R, p.scale_bytes / 4}}, {at::kFloat, {weighted ? R : 0}}, {at::kLong, {p.L}},
+                          {at::kLong, {p.L + 1}},               {at::kInt, {R}},                  {at::kInt, {R}},
+                          {at::kInt, {R}}};
+  int64_t offsets[7], bytes = 0;
+  for (int i = 0; i < 7; ++i) {
+    int64_t n = (int64_t)c10::elementSize(pieces[i].t);
+    for (int64_t d : pieces[i].sizes) n *= d;
+    offsets[i] = bytes;
+    bytes += (n + 15) / 16 * 16;
+  }
+  const at::Tensor meta = at::empty({std::max<int64_t>(bytes, 16)}, dev.dtype(at::kByte));
+  std::vector<at::Tensor> out;
+  out.reserve(8);
+  out.push_back(at::empty({R, p.H}, dev.dtype(codes[in_dtype_code])));
+  for (int i = 0; i < 7; ++i) out.push_back(tensor_in(meta.storage(), offsets[i], pieces[i].t, pieces[i].sizes));
+  return out;
 }
 static DirectOut direct_out(const std::vector<at::Tensor>& o) {
   return {reinterpret_cast<char*>(o[0].data_ptr()), o[1].data_ptr<float>(),
