@@ -96,6 +96,8 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
+  bool whole_combine = true;   // combine_whole: the fused combine on the caller's stream where the receive
+                               // would overlap the send (round 36)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
 };
 
@@ -313,6 +315,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   }
   // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
+  // Round 36: a whole combine of a decode-sized arena in one launch; =0 keeps send + receive.
+  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -867,6 +871,23 @@ static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, i
   return launched;
 }
 
+// The combine send of the arena's transport and dtypes (fused with the receive when `rs` is
+// given); returns the registers one of its blocks takes.
+static int launch_combine_send_any(const Params& p, const void* yp, const float* wp, const RecvArgs<void>* rs,
+                                   cudaStream_t ks) {
+  int send_regs = 0;
+#define CS(NVL)                                                                               \
+  switch (p.out_code) {                                                                       \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, rs, ks); break;  \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, rs, ks); break;         \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, rs, ks); break;    \
+  }
+  if (p.nvl) { CS(true) } else { CS(false) }
+#undef CS
+  CUDA_OK(cudaGetLastError());
+  return send_regs;
+}
+
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
 // receive, concurrently on the side stream (see Ctx); combine_recv then only joins. With the
 // fused combine (default past 4096 source tokens), one kernel does both halves on the side stream.
@@ -890,17 +911,7 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     ks = cx.side;
   }
-  const RecvArgs<void>* rs = fused ? &ra : nullptr;
-  int send_regs = 0;
-#define CS(NVL)                                                                               \
-  switch (p.out_code) {                                                                       \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, rs, ks); break;  \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, rs, ks); break;         \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, rs, ks); break;    \
-  }
-  if (p.nvl) { CS(true) } else { CS(false) }
-#undef CS
-  CUDA_OK(cudaGetLastError());
+  const int send_regs = launch_combine_send_any(p, yp, wp, fused ? &ra : nullptr, ks);
   at::Tensor dep_out = at::empty({0}, y.options().dtype(at::kInt));
   if (overlap) {
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
@@ -935,6 +946,26 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
     return;
   }
   launch_combine_recv_any(cx.p, recv_args(ids, ntok, n_host, out), 0, s);
+}
+
+// A whole combine (the Communicator's `combine`, nothing between send and receive): where the
+// receive would run beside the send (decode-sized arenas), one fused combine kernel on the
+// caller's stream, send items then receive items in the same blocks (its grid is at most one
+// block per SM, so every block is resident and no receive wait holds back a send); no side
+// stream, fork or join. Elsewhere the send and the receive as separate ops.
+void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
+                   const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
+  Ctx& cx = CX(ctx);
+  if (!(cx.comb_overlap && cx.whole_combine)) {
+    const at::Tensor d = combine_send(y, w, dep, ids, ntok, n_host, out, ctx);
+    combine_recv(d, ids, ntok, n_host, out, ctx);
+    return;
+  }
+  c10::cuda::CUDAGuard guard(y.device());
+  cudaStream_t s = c10::cuda::getCurrentCUDAStream();
+  MOE_CHECK(!cx.comb_out.defined(), "combine_whole: a combine_send is pending (call combine_recv first)");
+  const RecvArgs<void> ra = recv_args(ids, ntok, n_host, out);
+  launch_combine_send_any(cx.p, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, &ra, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------
@@ -995,6 +1026,8 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("combine_send(Tensor expert_y, Tensor? weights, Tensor dep, Tensor? topk_ids, Tensor? num_tokens, int n_host, "
         "Tensor(a!)? out, int ctx) -> Tensor");
   m.def("combine_recv(Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, Tensor(a!) out, int ctx) -> ()");
+  m.def("combine_whole(Tensor expert_y, Tensor? weights, Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, "
+        "Tensor(a!) out, int ctx) -> ()");
   m.def("create_ctx(int[] cfg) -> int", moe::create_ctx);
   m.def("ce_chunk_starts(int n, int max_chunks, float decay) -> int[]", moe::ce_chunk_starts);
   m.def("destroy_ctx(int ctx) -> ()", moe::destroy_ctx);
@@ -1021,6 +1054,7 @@ TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("dispatch_whole", moe::dispatch_whole);
   m.impl("combine_send", moe::combine_send);
   m.impl("combine_recv", moe::combine_recv);
+  m.impl("combine_whole", moe::combine_whole);
   m.impl("ping", moe::ping);
 }
 

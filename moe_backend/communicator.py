@@ -109,18 +109,29 @@ class Communicator:
         out: torch.Tensor | None = None,
     ) -> CombineReceiver:
         """Start the combine; returns the receiver whose `recv()` returns the output."""
+        y, handle, weights, out = self._combine_args(expert_y, handle, weights, out)
+        pending = self.backend.combine_send(y, handle, weights, out)
+        self._phase = "combine_sent"
+        return CombineReceiver(self, self._round, pending, out)
+
+    def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
+        """Send and receive in one call. Nothing runs between them, so the backend may fuse
+        them (the nvshmem backend: one kernel at decode sizes); use `combine_send` to overlap."""
+        y, handle, weights, out = self._combine_args(expert_y, handle, weights, out)
+        try:
+            return self.backend.combine_whole(y, handle, weights, out)
+        finally:  # done, or failed past the checks (the send may have started): the round ends
+            self._phase = "idle"
+
+    def _combine_args(self, expert_y, handle, weights, out) -> tuple[torch.Tensor, Handle, torch.Tensor | None,
+                                                                      torch.Tensor]:
         y, handle, weights, out = validate.check_combine(
             self.spec, self.device, self.id, self._round, expert_y, handle, weights, out
         )
         self._expect_phase("dispatched", "combine")
         if out is None:
             out = torch.empty(handle.num_input_rows, self.spec.hidden, dtype=self.spec.out_dtype, device=self.device)
-        pending = self.backend.combine_send(y, handle, weights, out)
-        self._phase = "combine_sent"
-        return CombineReceiver(self, self._round, pending, out)
-
-    def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
-        return self.combine_send(expert_y, handle, weights, out).recv()
+        return y, handle, weights, out
 
     def close(self) -> None:
         self.backend.close()

@@ -179,9 +179,13 @@ def split_phases(backend: str, options: dict | None = None) -> None:
 
     counted("dispatch_whole")
     counted("dispatch_send")
+    counted("combine_whole")
+    counted("combine_send")
     whole = comm.dispatch(x, ids, w)
     assert calls[:1] == ["dispatch_whole"], calls
+    calls.clear()
     ref_out = comm.combine(whole.tokens, whole.handle, weights=whole.weights)
+    assert calls[:1] == ["combine_whole"], calls
 
     calls.clear()
     receiver = comm.dispatch_send(x, ids, w)

@@ -88,5 +88,12 @@ class Backend(abc.ABC):
     def combine_recv(self, pending: Any, out: torch.Tensor) -> torch.Tensor:
         """Wait for the partials of this rank's tokens and sum them into `out`."""
 
+    def combine_whole(
+        self, expert_y: torch.Tensor, handle: Handle, weights: torch.Tensor | None, out: torch.Tensor
+    ) -> torch.Tensor:
+        """A combine with nothing between send and receive (`Communicator.combine`): a backend
+        may do it in fewer steps. Returns `out`, summed."""
+        return self.combine_recv(self.combine_send(expert_y, handle, weights, out), out)
+
     def close(self) -> None:
         """Release buffers; collective for backends with symmetric memory."""

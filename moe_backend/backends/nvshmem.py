@@ -86,6 +86,7 @@ _dispatch_recv = _ops.dispatch_recv.default
 _dispatch_whole = _ops.dispatch_whole.default
 _combine_send = _ops.combine_send.default
 _combine_recv = _ops.combine_recv.default
+_combine_whole = _ops.combine_whole.default
 
 
 class NvshmemBackend(Backend):
@@ -203,6 +204,18 @@ class NvshmemBackend(Backend):
         self._after_recv()
         return out
 
+    def combine_whole(self, expert_y, handle: Handle, weights, out: torch.Tensor) -> torch.Tensor:
+        # One fused launch on the caller's stream where the receive would overlap the send
+        # (decode-sized arenas); elsewhere the extension runs send, then receive.
+        self.arena.check()
+        dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
+        nt, nh = self._split_n(handle.num_tokens)
+        _combine_whole(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
+        if self.arena.owner is self:
+            self.arena.owner = None
+        self._after_recv()
+        return out
+
     def close(self) -> None:
         arena, self.arena = self.arena, None
         self._ctx = 0
@@ -246,6 +259,10 @@ def _register_fakes() -> None:
 
     @register_fake("moe_backend::combine_recv")
     def _(dep, topk_ids, num_tokens, n_host, out, ctx):
+        return None
+
+    @register_fake("moe_backend::combine_whole")
+    def _(expert_y, weights, dep, topk_ids, num_tokens, n_host, out, ctx):
         return None
 
 
