@@ -478,6 +478,7 @@ template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOA
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
                                                     const float* __restrict__ w, RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
+  launch_dependents();  // a receive launched behind it by PDL (combine_whole) may start now
   constexpr int C = chunks_per_step<TY, N>();
   // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. LOADS_BULK: bulk_warp_bytes<TY, N>()
   // per warp, then BULK_STAGES mbarriers per warp.
@@ -713,6 +714,10 @@ __global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvAr
   BulkRing none{};
   combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none, false);
   combine_finish(p, round);
+  // Launched by PDL behind the send (combine_whole), this grid may otherwise end before the
+  // send does; waiting here makes its end imply the send's, so later work on the stream (that
+  // may overwrite the send's inputs) is ordered after both. A no-op without PDL.
+  grid_dependency_wait();
   stamp_exit(ST_CRECV);
 }
 

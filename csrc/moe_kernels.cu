@@ -96,8 +96,8 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
-  bool whole_combine = true;   // combine_whole: the fused combine on the caller's stream where the receive
-                               // would overlap the send (round 36)
+  bool whole_combine = true;   // combine_whole: send and receive on the caller's stream (PDL) where the
+                               // receive would overlap the send (round 36)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
 };
 
@@ -315,7 +315,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   }
   // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
-  // Round 36: a whole combine of a decode-sized arena in one launch; =0 keeps send + receive.
+  // Round 36: a whole combine of a decode-sized arena on one stream (PDL); =0 keeps the side stream.
   cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
@@ -832,20 +832,30 @@ static int launch_combine_send_x(const Params& p, const void* y, const float* w,
 // never-waiting send always finds room (no deadlock). Returns false (nothing launched) when
 // they would not fit: the caller then runs the receive alone, later.
 constexpr int COMB_OVERLAP_THREADS = 128;
-template <typename TX, typename TO>
-static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s) {
+// pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
+// once every send block has started, as the overlapped receive does on the side stream.
+template <typename TX, typename TO, int N>
+static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int send_regs, bool pdl, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
-  if (p.H % 8 == 0) {
-    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 8>, COMB_OVERLAP_THREADS, false);
-    if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 8><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
-  } else {
-    static const int regs = ready_kernel(combine_recv_kernel<TX, TO, 1>, COMB_OVERLAP_THREADS, false);
-    if (send_regs && send_regs + regs > 65536) return false;
-    combine_recv_kernel<TX, TO, 1><<<blocks, threads, 0, s>>>(p, typed<TO>(ra));
-  }
+  static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N>, COMB_OVERLAP_THREADS, false);
+  if (send_regs && send_regs + regs > 65536) return false;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  CUDA_OK(cudaLaunchKernelEx(&cfg, combine_recv_kernel<TX, TO, N>, p, typed<TO>(ra)));
   return true;
+}
+template <typename TX, typename TO>
+static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int send_regs, bool pdl, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, ra, send_regs, pdl, s)
+                      : launch_combine_recv_n<TX, TO, 1>(p, ra, send_regs, pdl, s);
 }
 
 // The receive's arguments from the op's tensors.
@@ -854,18 +864,19 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
   return {ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out.size(0), out.data_ptr()};
 }
 
-static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s) {
+static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
+                                    bool pdl = false) {
   bool launched;
   switch (p.out_code) {
     case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ra, send_regs, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ra, send_regs, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ra, send_regs, pdl, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ra, send_regs, pdl, s);
       break;
     case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ra, send_regs, s)
-                                  : launch_combine_recv<__half, __half>(p, ra, send_regs, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ra, send_regs, pdl, s)
+                                  : launch_combine_recv<__half, __half>(p, ra, send_regs, pdl, s);
       break;
-    default: launched = launch_combine_recv<float, float>(p, ra, send_regs, s); break;
+    default: launched = launch_combine_recv<float, float>(p, ra, send_regs, pdl, s); break;
   }
   CUDA_OK(cudaGetLastError());
   return launched;
@@ -949,10 +960,10 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 }
 
 // A whole combine (the Communicator's `combine`, nothing between send and receive): where the
-// receive would run beside the send (decode-sized arenas), one fused combine kernel on the
-// caller's stream, send items then receive items in the same blocks (its grid is at most one
-// block per SM, so every block is resident and no receive wait holds back a send); no side
-// stream, fork or join. Elsewhere the send and the receive as separate ops.
+// receive would run beside the send (decode-sized arenas), both kernels on the caller's stream,
+// the receive launched programmatically (PDL) so that it starts once every send block has
+// started (the send triggers at its entry), as on the side stream, but with no fork or join
+// (round 36). Elsewhere the send and the receive as separate ops.
 void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
                    const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
   Ctx& cx = CX(ctx);
@@ -965,7 +976,9 @@ void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, cons
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   MOE_CHECK(!cx.comb_out.defined(), "combine_whole: a combine_send is pending (call combine_recv first)");
   const RecvArgs<void> ra = recv_args(ids, ntok, n_host, out);
-  launch_combine_send_any(cx.p, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, &ra, s);
+  const int send_regs = launch_combine_send_any(cx.p, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, s);
+  // Would it not fit beside the send, the receive runs alone after it.
+  if (!launch_combine_recv_any(cx.p, ra, send_regs, s, true)) launch_combine_recv_any(cx.p, ra, 0, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------
