@@ -96,8 +96,8 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
-  bool whole_combine = true;   // combine_whole: send and receive on the caller's stream (PDL) where the
-                               // receive would overlap the send (round 36)
+  bool whole_combine = false;  // combine_whole: send and receive on the caller's stream (PDL) where the
+                               // receive would overlap the send (round 36; off by default)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
 };
 
@@ -315,8 +315,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   }
   // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
-  // Round 36: a whole combine of a decode-sized arena on one stream (PDL); =0 keeps the side stream.
-  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
+  // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
+  // (=1). Off by default: at world size 1 it took 9.5 / 11.1 / 17.0 us at 1 / 32 / 128 tokens
+  // against 9.4 / 11.0 / 16.9 with the side stream; it saves the fork and join's host calls.
+  // One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
+  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", false, true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -402,6 +405,23 @@ static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
   if (!p.copy_bulk || !aligned) return 0;
   return (int)std::min<long long>(NWARPS, (COPY_BULK_SMEM - copy_bulk_buffer_offset(p, 0)) / copy_bulk_row_stride(p));
 }
+
+// A launch that may be programmatic (PDL): the kernel may then start before the one ahead of it
+// on the stream has ended, once every block of that one has started or triggered its dependents.
+struct Launch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute pdl{};
+  Launch(int blocks, int threads, cudaStream_t s, bool programmatic) {
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.stream = s;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = programmatic ? 1 : 0;
+  }
+  Launch(const Launch&) = delete;  // cfg.attrs points into this object
+};
 
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + 3 * (size_t)p.L) * 4; }
 
@@ -497,15 +517,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   const long long need = ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS;
   const bool dynamic = need > (long long)p.num_sms;
   const int cblocks = (int)std::max(1LL, dynamic ? (long long)p.num_sms : need);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(cblocks);
-  cfg.blockDim = dim3(NTHREADS);
-  cfg.stream = stream;
-  cudaLaunchAttribute pdl{};
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &pdl;
-  cfg.numAttrs = copy_pdl(dynamic) ? 1 : 0;
+  Launch launch(cblocks, NTHREADS, stream, copy_pdl(dynamic));
   const int bulk_warps = dynamic ? copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr()) : 0;
   if (bulk_warps > 0) {
     static const bool smem_set = [] {
@@ -514,12 +526,12 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       return true;
     }();
     (void)smem_set;
-    cfg.dynamicSmemBytes = (size_t)copy_bulk_buffer_offset(p, bulk_warps);
+    launch.cfg.dynamicSmemBytes = (size_t)copy_bulk_buffer_offset(p, bulk_warps);
   }
   auto* copy = bulk_warps > 0 ? dispatch_copy_kernel<true, true>
                : dynamic      ? dispatch_copy_kernel<true, false>
                               : dispatch_copy_kernel<false, false>;
-  CUDA_OK(cudaLaunchKernelEx(&cfg, copy, p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
+  CUDA_OK(cudaLaunchKernelEx(&launch.cfg, copy, p, reinterpret_cast<char*>(tokens.data_ptr()), scales.data_ptr<float>(),
                              reinterpret_cast<const char*>(x.data_ptr()),
                              xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0),
                              bulk_warps));
@@ -840,16 +852,8 @@ static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N>, COMB_OVERLAP_THREADS, false);
   if (send_regs && send_regs + regs > 65536) return false;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(threads);
-  cfg.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CUDA_OK(cudaLaunchKernelEx(&cfg, combine_recv_kernel<TX, TO, N>, p, typed<TO>(ra)));
+  Launch launch(blocks, threads, s, pdl);
+  CUDA_OK(cudaLaunchKernelEx(&launch.cfg, combine_recv_kernel<TX, TO, N>, p, typed<TO>(ra)));
   return true;
 }
 template <typename TX, typename TO>
@@ -963,7 +967,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 // receive would run beside the send (decode-sized arenas), both kernels on the caller's stream,
 // the receive launched programmatically (PDL) so that it starts once every send block has
 // started (the send triggers at its entry), as on the side stream, but with no fork or join
-// (round 36). Elsewhere the send and the receive as separate ops.
+// (round 36; MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1). Otherwise the send and the receive as separate ops.
 void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
                    const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
   Ctx& cx = CX(ctx);

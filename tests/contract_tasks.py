@@ -146,7 +146,8 @@ def construction_checks(backend: str, options: dict | None = None) -> None:
 
 def failed_receive_ends_round(backend: str) -> None:
     """A receive that raises (here, a stand-in for running out of memory) ends the round: the
-    next dispatch works instead of failing on a phase no call can leave."""
+    next dispatch works instead of failing on a phase no call can leave. Likewise a whole
+    combine that fails in its backend."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend=backend)
     (x, ids, w, _), _ = _inputs(spec, seed=41)
@@ -160,7 +161,20 @@ def failed_receive_ends_round(backend: str) -> None:
     _raises(MemoryError, r"stand-in", lambda: comm.dispatch(x, ids, w))
     comm.backend.dispatch_recv = real
     result = comm.dispatch(x, ids, w)
-    comm.combine(torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device), result.handle)
+    y = torch.zeros(result.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=x.device)
+    # A whole combine whose backend raises past the input checks ends the round too.
+    real_whole = comm.backend.combine_whole
+
+    def failing_whole(*args):
+        real_whole(*args)
+        raise MemoryError("stand-in for a failure after the combine's send")
+
+    comm.backend.combine_whole = failing_whole
+    _raises(MemoryError, r"after the combine", lambda: comm.combine(y, result.handle))
+    comm.backend.combine_whole = real_whole
+    _raises(RoundError, r"cannot combine while .* 'idle'", lambda: comm.combine(y, result.handle))
+    result = comm.dispatch(x, ids, w)
+    comm.combine(y, result.handle)
     comm.close()
 
 

@@ -30,6 +30,9 @@ receive in the same blocks, wherever the direct receive runs (small arenas: deco
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
+A whole `combine` runs send and receive from one host call; `MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1`
+puts both on the caller's stream there, the receive launched by PDL (no fork or join; measured
+no faster on the GPU at world size 1, so off by default).
 For arenas of more than 4096 source tokens `combine_send` launches one fused kernel on the
 side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0`
 turns it off; `=1` uses it for every arena past the overlap limit). With more than half the
@@ -205,8 +208,8 @@ class NvshmemBackend(Backend):
         return out
 
     def combine_whole(self, expert_y, handle: Handle, weights, out: torch.Tensor) -> torch.Tensor:
-        # One fused launch on the caller's stream where the receive would overlap the send
-        # (decode-sized arenas); elsewhere the extension runs send, then receive.
+        # Send and receive from one host call (with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 both on
+        # the caller's stream where the receive would overlap the send, the receive by PDL).
         self.arena.check()
         dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
         nt, nh = self._split_n(handle.num_tokens)

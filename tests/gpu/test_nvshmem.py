@@ -172,6 +172,15 @@ def test_contract_suite_split_dispatch():
     _spawn(_contract_under_env, 9, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
+def test_contract_suite_whole_combine_on_one_stream():
+    """`comm.combine` with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 (round 36): where the receive would
+    overlap the send, both kernels on the caller's stream, the receive launched by PDL (no fork
+    or join). Off by default; this keeps it bit-exact with the reference, through rounds and
+    CUDA-graph replays, on both transports."""
+    env = {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"}
+    _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
+
+
 def test_latency_floor_probe_runs():
     """The benchmark's latency-floor probe (moe_backend/latency_floor.py): both variants run to
     completion on every rank (no wait times out) and report positive times."""

@@ -87,6 +87,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
 # "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
 # receive, one fused kernel since round 35).
+# "pdl-combine": `comm.combine` with both kernels on the caller's stream, the receive launched by
+# PDL (round 36; by default the receive runs on the side stream).
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
@@ -94,6 +96,7 @@ VARIANTS = {
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+    "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
 }
 
 
@@ -117,7 +120,7 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
