@@ -407,7 +407,8 @@ static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
 }
 
 // A launch that may be programmatic (PDL): the kernel may then start before the one ahead of it
-// on the stream has ended, once every block of that one has started or triggered its dependents.
+// on the stream has ended, once every block of that one has triggered its dependents
+// (`launch_dependents`) or exited.
 struct Launch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute pdl{};
@@ -425,8 +426,6 @@ struct Launch {
 
 static size_t recv_smem(const Params& p) { return ((size_t)(p.chunk / 32) * p.L + 3 * (size_t)p.L) * 4; }
 
-// Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
-// `stream`.
 // A tensor of `sizes` and type `t` at byte `offset` of `storage` (offset a multiple of 16):
 // what `view(dtype)` of a byte slice gives, built without three dispatcher calls.
 static at::Tensor tensor_in(const c10::Storage& storage, int64_t offset, at::ScalarType t, at::IntArrayRef sizes) {
@@ -437,6 +436,8 @@ static at::Tensor tensor_in(const c10::Storage& storage, int64_t offset, at::Sca
   return out;
 }
 
+// Receive side of dispatch: allocate the outputs and launch the plan and copy kernels on
+// `stream`.
 // The receive's outputs: tokens, scales, weights, tokens per expert, offsets, src group / token / k.
 // The seven small ones share one allocation (16-byte aligned pieces): an eager decode step is
 // host-bound, and each allocation costs the caching allocator's lock and lookup.

@@ -115,8 +115,8 @@ class Communicator:
         return CombineReceiver(self, self._round, pending, out)
 
     def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
-        """Send and receive in one call. Nothing runs between them, so the backend may fuse
-        them (the nvshmem backend: one kernel at decode sizes); use `combine_send` to overlap."""
+        """Send and receive in one call. Nothing runs between them, so the backend may do it in
+        fewer steps (the nvshmem backend: one host call); use `combine_send` to overlap."""
         y, handle, weights, out = self._combine_args(expert_y, handle, weights, out)
         try:
             return self.backend.combine_whole(y, handle, weights, out)
