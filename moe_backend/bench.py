@@ -138,21 +138,29 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     y = None
     for i in range(preset.bench.warmup + preset.bench.iters):
         barrier(device, flag)
-        h0 = time.perf_counter()
+        # Host times (h*) are taken inside the event marks (m*): a mark's event record is no
+        # part of the call (several us of host time on the GPU machine).
         m0 = clock.mark()
+        h0 = time.perf_counter()
         receiver = comm.dispatch_send(x, ids, weights if preset.bench.weighted else None, scale)
-        m1, h1 = clock.mark(), time.perf_counter()
+        h1 = time.perf_counter()
+        m1 = clock.mark()
+        h1r = time.perf_counter()
         result = receiver.recv()
-        m2, h2 = clock.mark(), time.perf_counter()
+        h2 = time.perf_counter()
+        m2 = clock.mark()
         if y is None:  # stand-in expert output, made once: the benchmark times communication only
             y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
         barrier(device, flag)
-        h3 = time.perf_counter()
         m3 = clock.mark()
+        h3 = time.perf_counter()
         pending = comm.combine_send(y, result.handle, result.weights if preset.bench.weighted else None)
-        m4, h4 = clock.mark(), time.perf_counter()
+        h4 = time.perf_counter()
+        m4 = clock.mark()
+        h4r = time.perf_counter()
         pending.recv()
-        m5, h5 = clock.mark(), time.perf_counter()
+        h5 = time.perf_counter()
+        m5 = clock.mark()
         # The whole ops, each between GPU barriers like the split ones.
         barrier(device, flag)
         w0, g0 = clock.mark(), time.perf_counter()  # host times of the whole ops leave the marks out
@@ -167,7 +175,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
             spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
             for phase, (a, b) in zip(PHASES, spans):
                 samples[phase].append(clock.elapsed_us(a, b))
-            for phase, (a, b) in zip(PHASES, [(h0, h1), (h1, h2), (h3, h4), (h4, h5), (g0, g1), (g2, g3)]):
+            for phase, (a, b) in zip(PHASES, [(h0, h1), (h1r, h2), (h3, h4), (h4r, h5), (g0, g1), (g2, g3)]):
                 host[phase].append((b - a) * 1e6)
     result_stats = max_over_ranks({p: stats(s) for p, s in samples.items()})
     host_stats = max_over_ranks({p: stats(s) for p, s in host.items()})
