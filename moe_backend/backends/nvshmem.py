@@ -189,10 +189,20 @@ class NvshmemBackend(Backend):
             backend_state=dep,
         )
 
-    def combine_send(self, expert_y, handle: Handle, weights, out) -> Any:
+    def _combine_inputs(self, expert_y: torch.Tensor, handle: Handle) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """The dispatch's dependency tensor and the token count (device tensor or host int)."""
         self.arena.check()
         dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
-        nt, nh = self._split_n(handle.num_tokens)
+        return (dep, *self._split_n(handle.num_tokens))
+
+    def _combine_done(self, out: torch.Tensor) -> torch.Tensor:
+        if self.arena.owner is self:
+            self.arena.owner = None
+        self._after_recv()
+        return out
+
+    def combine_send(self, expert_y, handle: Handle, weights, out) -> Any:
+        dep, nt, nh = self._combine_inputs(expert_y, handle)
         # Also launches the receive into `out`, concurrently (unless overlap is off or it would
         # not fit beside the send); combine_recv then joins it.
         dep = _combine_send(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
@@ -202,22 +212,14 @@ class NvshmemBackend(Backend):
         dep, topk_ids, num_tokens = pending
         nt, nh = self._split_n(num_tokens)
         _combine_recv(dep, topk_ids, nt, nh, out, self._ctx)
-        if self.arena.owner is self:
-            self.arena.owner = None
-        self._after_recv()
-        return out
+        return self._combine_done(out)
 
     def combine_whole(self, expert_y, handle: Handle, weights, out: torch.Tensor) -> torch.Tensor:
         # Send and receive from one host call (with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 both on
         # the caller's stream where the receive would overlap the send, the receive by PDL).
-        self.arena.check()
-        dep = handle.backend_state if isinstance(handle.backend_state, torch.Tensor) else expert_y.new_empty(0)
-        nt, nh = self._split_n(handle.num_tokens)
+        dep, nt, nh = self._combine_inputs(expert_y, handle)
         _combine_whole(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
-        if self.arena.owner is self:
-            self.arena.owner = None
-        self._after_recv()
-        return out
+        return self._combine_done(out)
 
     def close(self) -> None:
         arena, self.arena = self.arena, None
