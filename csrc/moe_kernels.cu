@@ -271,6 +271,10 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   }
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
+  // Round 37: the direct receive's items warp-major over the grid (a token's pieces on as many
+  // SMs, the table blocks' items last); =0 gives block b the items 16b..16b+15 (one token's
+  // pieces on one SM, behind the table's write at 1 token).
+  p->item_spread = env_switch("MOE_BACKEND_NVSHMEM_ITEM_SPREAD", true) ? 1 : 0;
   // Round 33: the copy with a work counter writes each expert row by one bulk store from the
   // warp's shared buffer (copy_token_bulk); =0 keeps the register copy.
   p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;

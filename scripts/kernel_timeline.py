@@ -8,6 +8,7 @@ send's warps at their first item, row map, sums, fence and end of send items)
 and prints, per token count, the medians over the iterations of
 - dispatch: each kernel's entry / exit relative to the send kernel's first entry;
 - combine: each kernel's entry / exit relative to the combine send's first entry;
+- the timer's step (the gcd of the stamps' distances; gaps below it are quantisation);
 - beside them the CUDA-event time of the whole op, timed as the benchmark does (GPU barrier,
   events around send + receive): the difference is launch latency outside the kernels.
 
@@ -24,6 +25,7 @@ The stamps cost time even when off, so only a build with them has them:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -75,6 +77,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
     ops = torch.ops.moe_backend
     clock, flag = bench.Clock(device), torch.ones(1, device=device)
     report: dict[str, dict] = {}
+    step = 0
     for n in tokens:
         x, ids, _, scale = bench.make_routing(spec, n, preset.bench.seed, device)
         samples: dict[str, list[float]] = {}
@@ -97,6 +100,12 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             stamps = ops.timeline_stamps(0).tolist()
             if i < WARMUP:
                 continue
+            # The timer's step: the gcd of every stamp's distance from the first (a step of
+            # ~1 us would make the sub-us gaps below quantisation, not time).
+            ref = stamps[0]
+            for v in stamps:
+                if v > 0 and ref > 0:
+                    step = math.gcd(step, abs(v - ref))
             row = {"dispatch_events": clock.elapsed_us(m0, m1), "combine_events": clock.elapsed_us(m2, m3)}
             row.update({f"dispatch.{k}": v for k, v in _relative(stamps, DISPATCH).items()})
             row.update({f"combine.{k}": v for k, v in _relative(stamps, COMBINE).items()})
@@ -104,9 +113,12 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
                 samples.setdefault(k, []).append(v)
         report[str(n)] = {k: statistics.median(v) for k, v in samples.items()}
     comm.close()
+    report["timer_step_ns"] = {"gcd": step}
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, report)
     if dist.get_rank() == 0:
+        steps = " ".join(str(g["timer_step_ns"]["gcd"]) for g in gathered)
+        print(f"%globaltimer step (gcd of the stamps' distances, ns, per rank): {steps}")
         for n in tokens:
             print(f"== {preset.name}, {transport}{f', {sms} SMs' if sms else ''}, {n} tokens per rank "
                   "(median us per rank; kernels relative to the first kernel's entry)")

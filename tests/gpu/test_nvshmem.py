@@ -157,9 +157,9 @@ def test_contract_suite_direct_receive_untagged():
     """The direct receive reads round-tagged table words by default (put too, round 26), loads
     own rows before the tables are in, and scans the offsets with every thread (round 25). This
     one runs nvlink's with the untagged table and its flag, without the early load, and with
-    warp 0's scan, and put's plan and copy kernels (MOE_BACKEND_NVSHMEM_LL_TABLE=0, EARLY_LOAD=0,
-    PAR_SCAN=0): the same results, rounds and replays."""
-    env = {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")}
+    warp 0's scan, a token's pieces on one SM, and put's plan and copy kernels
+    (MOE_BACKEND_NVSHMEM_LL_TABLE=0, EARLY_LOAD=0, PAR_SCAN=0, ITEM_SPREAD=0): the same results, rounds and replays."""
+    env = {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "ITEM_SPREAD")}
     _spawn(_contract_under_env, 8, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 

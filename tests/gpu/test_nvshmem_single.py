@@ -77,8 +77,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 
 # The small arenas take the direct receive, by default with the round-tagged table (put too,
 # round 26), the early load of own rows and the parallel scan of the offsets (round 25);
-# "untagged" runs nvlink's with the table's flag, without the early load and with warp 0's scan,
-# and put's plan and copy kernels, as before.
+# "untagged" runs nvlink's with the table's flag, without the early load, with warp 0's scan and
+# a token's pieces on one SM (ITEM_SPREAD=0, before round 37), and put's plan and copy kernels.
 # "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
 # brought into shared memory, by default only with at most half the GPU (the few-SM test); its
 # receive half then takes the partials by bulk copies too, through the ring the send left.
@@ -92,7 +92,7 @@ def _overlap_env(on: str) -> dict[str, str]:
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
-    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN")},
+    "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "ITEM_SPREAD")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
