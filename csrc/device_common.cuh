@@ -47,6 +47,9 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block i % grid (a token's pieces on P SMs; round 37)
+  int param_warm;      // fused dispatch: its warps load every line of these parameters at entry, at once (round 37 A/B)
+  int live_poll;       // tagged direct receive: blocks without a live item leave before polling the counts (round 37 A/B)
+  int poll_ns;         // bounded_poll sleeps this long between failed polls (0: spins; round 37 A/B)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -60,6 +63,18 @@ struct Params {
   int pe[MAXW];
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
 };
+
+// The kernel's parameters (constant bank) line by line, one line per warp, so their
+// constant-cache misses overlap at entry instead of stalling the first use of each line one
+// after another (round 37 A/B). `pp` is a __grid_constant__ parameter's address: no copy.
+__device__ __forceinline__ void warm_params(const Params* pp) {
+  constexpr int lines = (int)((sizeof(Params) + 63) / 64);
+  if ((threadIdx.x & 31) != 0) return;
+  for (int l = (int)(threadIdx.x >> 5); l < lines; l += (int)(blockDim.x >> 5)) {
+    const int v = reinterpret_cast<const volatile int*>(pp)[l * 16];
+    asm volatile("" ::"r"(v));
+  }
+}
 
 // Bit mask of this rank's group (its tp replicas): the ranks the dispatch send skips.
 __host__ __device__ inline unsigned long long own_group_ranks(const Params& p) {
@@ -235,9 +250,11 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // block) and last exit (lane 0 of each warp), and the latest of these moments: the plan's
 // waits done, its grid barrier passed; the combine send's warps at their first item, past an
 // item's row map, its sums, its fence (nvlink), and done with all their send items (in the
-// fused combine, the start of its receive half).
+// fused combine, the start of its receive half); the direct table's masks built and entries
+// written, the fused dispatch's receive half begun, a direct-receive warp's copy issued.
 enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
-             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS, NSTAMP };
+             ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS,
+             ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
 // Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the
@@ -291,6 +308,7 @@ __device__ __forceinline__ bool bounded_poll(const Params& p, Ready ready, int p
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
+    if (p.poll_ns) __nanosleep((unsigned)p.poll_ns);  // fewer L2 requests on the polled lines
     if (ready()) return true;
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;
@@ -568,6 +586,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     for (int i = tid; i < n * topk; i += nt) mark(ids[i], i / topk);
   }
   __syncthreads();
+  stamp_exit(ST_TABLE_MASKS);
   auto packed = [&](int id, int t) -> int {
     if (id < 0 || id >= E) return -1;
     int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
@@ -626,6 +645,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
       }
     }
   }
+  stamp_exit(ST_TABLE_ENTRIES);
   if (j != 0) return;
   const long long coff = 16 + (long long)p.M * topk * 8;
   // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'

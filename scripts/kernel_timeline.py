@@ -41,12 +41,15 @@ from moe_backend.config import bench_presets_dir, load_bench, resolve_config  # 
 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
-          "combine_send_rows", "send_table", "direct_rows"]  # the kernels' enum Stamp order
-DISPATCH = ["send", "send_table", "plan", "plan_waited", "plan_barrier", "direct_rows", "copy"]
+          "combine_send_rows", "send_table", "direct_rows", "table_masks", "table_entries", "recv_start",
+          "direct_copied"]  # the kernels' enum Stamp order
+DISPATCH = ["send", "table_masks", "table_entries", "send_table", "recv_start", "plan", "plan_waited", "plan_barrier",
+            "direct_rows", "direct_copied", "copy"]
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
 # stamps that record one moment (the latest over warps), not a kernel
-EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items",
+EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items", "table_masks",
+             "table_entries", "recv_start", "direct_copied",
              "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows")
 WARMUP = 10
 
