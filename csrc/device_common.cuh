@@ -47,9 +47,8 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block i % grid (a token's pieces on P SMs; round 37)
+  int comb_late_w;     // combine send (register loads): the rows' first step prefetched before the weights' wait (round 37 A/B)
   int param_warm;      // fused dispatch: its warps load every line of these parameters at entry, at once (round 37 A/B)
-  int live_poll;       // tagged direct receive: blocks without a live item leave before polling the counts (round 37 A/B)
-  int poll_ns;         // bounded_poll sleeps this long between failed polls (0: spins; round 37 A/B)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -66,13 +65,17 @@ struct Params {
 
 // The kernel's parameters (constant bank) line by line, one line per warp, so their
 // constant-cache misses overlap at entry instead of stalling the first use of each line one
-// after another (round 37 A/B). `pp` is a __grid_constant__ parameter's address: no copy.
-__device__ __forceinline__ void warm_params(const Params* pp) {
+// after another (round 37 A/B). `pp` is a __grid_constant__ parameter's address; each line's
+// offset is a constant, so each read is a parameter load (ld.param), not a generic one.
+template <int LINE = 0>
+__device__ __forceinline__ void warm_params(const Params* pp, int warp) {
   constexpr int lines = (int)((sizeof(Params) + 63) / 64);
-  if ((threadIdx.x & 31) != 0) return;
-  for (int l = (int)(threadIdx.x >> 5); l < lines; l += (int)(blockDim.x >> 5)) {
-    const int v = reinterpret_cast<const volatile int*>(pp)[l * 16];
-    asm volatile("" ::"r"(v));
+  if constexpr (LINE < lines) {
+    if (warp % NWARPS == LINE % NWARPS) {
+      const int v = reinterpret_cast<const int*>(pp)[LINE * 16];
+      asm volatile("" ::"r"(v));
+    }
+    warm_params<LINE + 1>(pp, warp);
   }
 }
 
@@ -157,6 +160,7 @@ __device__ __forceinline__ void st_tagged2(char* dst, unsigned a, unsigned b, un
                "l"(tag_word(b, round))
                : "memory");
 }
+__device__ __forceinline__ void prefetch_l1(const void* ptr) { asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr)); }
 __device__ __forceinline__ unsigned long long ld_tagged(const char* src) {
   unsigned long long v;
   asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
@@ -308,7 +312,6 @@ __device__ __forceinline__ bool bounded_poll(const Params& p, Ready ready, int p
   if (*(volatile unsigned long long*)&p.state[4]) return false;
   const unsigned long long deadline = gtimer() + (unsigned long long)p.timeout_ns;
   for (unsigned i = 1;; ++i) {
-    if (p.poll_ns) __nanosleep((unsigned)p.poll_ns);  // fewer L2 requests on the polled lines
     if (ready()) return true;
     if ((i & 31) == 0) {
       if (*(volatile unsigned long long*)&p.state[4]) return false;

@@ -688,16 +688,6 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
       const int n = (int)(unsigned)poll_tagged(p, h, ld_tagged(h), round, tid * p.tp);
       sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
     }
-    if (p.live_poll) {
-      // A block with no live item (tokens past their group's count: most blocks with a few
-      // tokens) needs no offsets, so it leaves before polling the counts (block 0 publishes).
-      __syncthreads();
-      const bool mine = has_item && tt < sh_n[gg] && (gg != p.group || tt < xrows);
-      if (!__syncthreads_or(mine) && blockIdx.x != 0) {
-        if (have) cp_async_wait<0>();
-        return;
-      }
-    }
     for (int e = tid; e < L; e += blockDim.x) {
       int acc = 0;
       for (int g0 = 0; g0 < G; g0 += LL_BATCH) {
@@ -849,7 +839,7 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 template <bool NVL, bool LL>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(const __grid_constant__ Params p, SendIn in,
                                                                    DirectOut o) {
-  if (p.param_warm) warm_params(&p);
+  if (p.param_warm && (threadIdx.x & 31) == 0) warm_params(&p, (int)(threadIdx.x >> 5));
   stamp_entry(ST_SEND);
   dispatch_send_body<NVL>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
