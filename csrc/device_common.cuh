@@ -48,6 +48,7 @@ struct Params {
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block i % grid (a token's pieces on P SMs; round 37)
   int comb_late_w;     // combine send (register loads): the rows' first step prefetched before the weights' wait (round 37 A/B)
+  int poll_issue;      // tagged direct receive: the headers' and counts' first loads issued with the entry's (round 37 A/B)
   int param_warm;      // fused dispatch: its warps load every line of these parameters at entry, at once (round 37 A/B)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
