@@ -450,23 +450,6 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
   return nk;
 }
 
-// gather_rows for topk <= 32 without the weights' wait (round 37 A/B, p.comb_late_w): lane k's
-// weight is loaded into wl, to be stored at ws[pos] once the rows' loads are under way.
-template <typename TY>
-__device__ __forceinline__ int gather_rows_late(const int* rm, int topk, int H, const TY* y, const float* w,
-                                                const TY** rows, int lane, float& wl, int& pos) {
-  const int row = lane < topk ? rm[lane] : -1;
-  const unsigned b = __ballot_sync(0xffffffffu, row >= 0);
-  pos = -1;
-  if (row >= 0) {
-    pos = __popc(b & ((1u << lane) - 1));
-    rows[pos] = y + (long long)row * H;
-    wl = w[row];
-  }
-  __syncwarp();
-  return __popc(b);
-}
-
 // What a combine receive needs (the fused send kernel's receive half; unused otherwise).
 // The host passes RecvArgs<void> around and types it at the launch.
 template <typename TO>
@@ -536,11 +519,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
-    const bool late = LOADS == LOADS_REGS && p.comb_late_w && w != nullptr && topk <= 32;
-    float wl = 1.0f;
-    int pl = -1;
-    const int nk = late ? gather_rows_late(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], lane, wl, pl)
-                        : gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
+    const int nk = gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
@@ -553,14 +532,6 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
     const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    if (late) {  // the rows' first step into L1 while the weights come
-      for (int j = 0; j < nk; ++j)
-#pragma unroll
-        for (int c = 0; c < C; ++c)
-          if (h0 + lane * N + c * 32 * N < h1) prefetch_l1(sh_rows[warp][j] + h0 + lane * N + c * 32 * N);
-      if (pl >= 0) sh_w[warp][pl] = wl;
-      __syncwarp();
-    }
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.

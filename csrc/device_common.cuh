@@ -47,9 +47,6 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block i % grid (a token's pieces on P SMs; round 37)
-  int comb_late_w;     // combine send (register loads): the rows' first step prefetched before the weights' wait (round 37 A/B)
-  int poll_issue;      // tagged direct receive: the headers' and counts' first loads issued with the entry's (round 37 A/B)
-  int param_warm;      // fused dispatch: its warps load every line of these parameters at entry, at once (round 37 A/B)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -63,22 +60,6 @@ struct Params {
   int pe[MAXW];
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
 };
-
-// The kernel's parameters (constant bank) line by line, one line per warp, so their
-// constant-cache misses overlap at entry instead of stalling the first use of each line one
-// after another (round 37 A/B). `pp` is a __grid_constant__ parameter's address; each line's
-// offset is a constant, so each read is a parameter load (ld.param), not a generic one.
-template <int LINE = 0>
-__device__ __forceinline__ void warm_params(const Params* pp, int warp) {
-  constexpr int lines = (int)((sizeof(Params) + 63) / 64);
-  if constexpr (LINE < lines) {
-    if (warp % NWARPS == LINE % NWARPS) {
-      const int v = reinterpret_cast<const int*>(pp)[LINE * 16];
-      asm volatile("" ::"r"(v));
-    }
-    warm_params<LINE + 1>(pp, warp);
-  }
-}
 
 // Bit mask of this rank's group (its tp replicas): the ranks the dispatch send skips.
 __host__ __device__ inline unsigned long long own_group_ranks(const Params& p) {
@@ -161,7 +142,6 @@ __device__ __forceinline__ void st_tagged2(char* dst, unsigned a, unsigned b, un
                "l"(tag_word(b, round))
                : "memory");
 }
-__device__ __forceinline__ void prefetch_l1(const void* ptr) { asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr)); }
 __device__ __forceinline__ unsigned long long ld_tagged(const char* src) {
   unsigned long long v;
   asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");

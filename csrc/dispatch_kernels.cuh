@@ -672,22 +672,6 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   // them (the id and weight halves and one flag are kept, not the whole 16 bytes: registers).
   unsigned id_pre = 0, w_pre = 0;
   bool pre_now = false;
-  // Group g's tagged count of this rank's local expert e.
-  auto count_word = [&](int g, int e) {
-    return tbl + (long long)g * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8;
-  };
-  // ll with p.poll_issue (round 37): the headers' and this thread's first counts' loads are
-  // issued before the entry's tag is checked, so the three loads are in flight together (each
-  // was consumed before the next was issued: three load latencies in a row).
-  const bool issue = ll && p.poll_issue;
-  unsigned long long hv = 0, cv[LL_BATCH] = {};
-  if (issue) {
-    if (tid < G) hv = ld_tagged(tbl + (long long)tid * p.table_bytes);
-    if (tid < L)
-#pragma unroll
-      for (int u = 0; u < LL_BATCH; ++u)
-        if (u < G) cv[u] = ld_tagged(count_word(u, tid));
-  }
   if (ll && has_item && lane < topk) {
     const ulonglong2 en = ld_tagged2(tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, lane));
     id_pre = (unsigned)en.x, w_pre = (unsigned)en.y;
@@ -695,9 +679,13 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   }
   if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
   if constexpr (ll) {
+    // Group g's tagged count of this rank's local expert e.
+    auto count_word = [&](int g, int e) {
+      return tbl + (long long)g * p.table_bytes + ll_count_off(p) + (long long)(p.rank * L + e) * 8;
+    };
     if (tid < G) {
       const char* h = tbl + (long long)tid * p.table_bytes;
-      const int n = (int)(unsigned)poll_tagged(p, h, issue ? hv : ld_tagged(h), round, tid * p.tp);
+      const int n = (int)(unsigned)poll_tagged(p, h, ld_tagged(h), round, tid * p.tp);
       sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
     }
     for (int e = tid; e < L; e += blockDim.x) {
@@ -706,7 +694,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
         unsigned long long v[LL_BATCH];
 #pragma unroll
         for (int u = 0; u < LL_BATCH; ++u)
-          if (g0 + u < G) v[u] = issue && g0 == 0 && e == tid ? cv[u] : ld_tagged(count_word(g0 + u, e));
+          if (g0 + u < G) v[u] = ld_tagged(count_word(g0 + u, e));
 #pragma unroll
         for (int u = 0; u < LL_BATCH; ++u)
           if (g0 + u < G) {
@@ -849,9 +837,7 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
 template <bool NVL, bool LL>
-__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(const __grid_constant__ Params p, SendIn in,
-                                                                   DirectOut o) {
-  if (p.param_warm && (threadIdx.x & 31) == 0) warm_params(&p, (int)(threadIdx.x >> 5));
+__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
   dispatch_send_body<NVL>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next

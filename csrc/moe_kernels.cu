@@ -275,10 +275,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // SMs, the table blocks' items last); =0 gives block b the items 16b..16b+15 (one token's
   // pieces on one SM, behind the table's write at 1 token).
   p->item_spread = env_switch("MOE_BACKEND_NVSHMEM_ITEM_SPREAD", true) ? 1 : 0;
-  // Round 37 A/B: the fused dispatch's warps load its parameter lines at entry.
-  p->param_warm = env_switch("MOE_BACKEND_NVSHMEM_PARAM_WARM", false, true) ? 1 : 0;
-  p->comb_late_w = env_switch("MOE_BACKEND_NVSHMEM_COMB_LATE_W", false, true) ? 1 : 0;
-  p->poll_issue = env_switch("MOE_BACKEND_NVSHMEM_POLL_ISSUE", false, true) ? 1 : 0;
   // Round 33: the copy with a work counter writes each expert row by one bulk store from the
   // warp's shared buffer (copy_token_bulk); =0 keeps the register copy.
   p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;
