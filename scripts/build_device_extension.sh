@@ -8,8 +8,19 @@
 # tree's versions) and a venv with the device's torch (DEVICE_TORCH, default 2.11.0, the GPU
 # machine's) and the pinned NVSHMEM wheel, made once at DEVICE_VENV.
 set -euo pipefail
-name=${1:?usage: scripts/build_device_extension.sh NAME [VAR=VALUE...]}
+usage="usage: scripts/build_device_extension.sh NAME [VAR=VALUE...]"
+if [ $# -lt 1 ] || [[ ! $1 =~ ^[A-Za-z0-9_.-]+$ ]]; then
+  echo "$usage (NAME: letters, digits, '_', '.', '-')" >&2
+  exit 2
+fi
+name=$1
 shift
+for kv in "$@"; do
+  if [[ ! $kv =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
+    echo "$usage: '$kv' is not VAR=VALUE" >&2
+    exit 2
+  fi
+done
 cd "$(dirname "$0")/.."
 repo=$PWD
 venv=${DEVICE_VENV:-$repo/../.device-venv}

@@ -62,3 +62,63 @@ def test_ab_build_benches_the_preset_it_was_given(tmp_path: Path) -> None:
     assert all("moe_backend.cli bench --config deepseek_prefill --backend nvshmem" in line for line in lines), lines
     sides = [line.split()[0] == str(repo) for line in lines]
     assert sides == [True, False, True, False], lines  # new (this tree), prev (the copy), ...
+
+
+DEVICE_BUILD = ROOT / "scripts" / "build_device_extension.sh"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "usage: scripts/build_device_extension.sh NAME"),
+        (("../x",), "NAME: letters, digits"),
+        (("stamps", "MOE_BACKEND_STAMPS"), "'MOE_BACKEND_STAMPS' is not VAR=VALUE"),
+    ],
+)
+def test_device_build_refuses_bad_arguments(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    done = subprocess.run(["bash", str(DEVICE_BUILD), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "DEVICE_VENV": str(tmp_path / "venv")})
+    assert done.returncode == 2, done
+    assert message in done.stderr
+    assert not (tmp_path / "venv").exists()  # nothing made before the checks passed
+
+
+def _gpu_env_with_devso(tmp_path: Path, loads: bool) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Sources a copy of gpu_env.sh with MOE_BACKEND_DEVSO=plain and a carried .devso/plain.so,
+    under a stand-in PYTHON whose import of moe_backend._C succeeds or not and whose build
+    leaves a marker file."""
+    repo = tmp_path / "repo"
+    (repo / "moe_backend").mkdir(parents=True)
+    (repo / ".devso").mkdir()
+    (repo / ".devso" / "plain.so").write_text("carried")
+    subprocess.run(["cp", "-r", str(ROOT / "scripts"), str(repo / "scripts")], check=True)
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = setup.py ]; then echo built > moe_backend/_C.built.so; exit 0; fi\n'
+        'case "$2" in *moe_backend._C*) exit ' + ("0" if loads else "1") + " ;; "
+        "*nvidia*) echo /opt/nvshmem/lib; exit 0 ;; esac\n"
+        'exec python3 "$@"\n'
+    )
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", "-c", "out=$PWD; MOE_BACKEND_DEVSO=plain source scripts/gpu_env.sh; "
+                           'echo "LD=$LD_LIBRARY_PATH"'], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "HOME": str(tmp_path)})
+    return done, repo
+
+
+def test_gpu_env_puts_a_carried_build_in_place(tmp_path: Path) -> None:
+    done, repo = _gpu_env_with_devso(tmp_path, loads=True)
+    assert done.returncode == 0, done
+    built = sorted(p.name for p in (repo / "moe_backend").glob("_C*.so"))
+    assert len(built) == 1 and built[0] != "_C.built.so", built  # the carried file, no build
+    assert (repo / "moe_backend" / built[0]).read_text() == "carried"
+    assert "LD=/opt/nvshmem/lib" in done.stdout  # this machine's NVSHMEM library first
+
+
+def test_gpu_env_builds_when_the_carried_build_does_not_load(tmp_path: Path) -> None:
+    done, repo = _gpu_env_with_devso(tmp_path, loads=False)
+    assert done.returncode == 0, done
+    assert "does not load here: building" in done.stdout
+    built = sorted(p.name for p in (repo / "moe_backend").glob("_C*.so"))
+    assert built == ["_C.built.so"], built  # the carried file removed, the build ran
