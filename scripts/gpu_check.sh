@@ -3,6 +3,8 @@
 # then the benchmarks. Logs and JSON go to the folder given as $1 (else $OUT, else
 # /tmp/moe_gpu_check). Run from anywhere; needs 2 GPUs for the tests to do anything.
 #   scripts/gpu_check.sh [OUT_DIR]
+# MOE_BACKEND_DEVSO=NAME: use the carried .devso/NAME.so (scripts/build_device_extension.sh)
+# instead of building, when it loads here.
 # GPU_CHECK_WORLD=N (default 2): the multi-GPU tests and the benchmark on N ranks (EP4 / EP8 on
 # 4- / 8-GPU machines; the timeout and valid-rows tests stay on 2).
 set -uo pipefail
@@ -21,10 +23,15 @@ source scripts/gpu_wheels.sh
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1
 t0=$(date +%s)
-MAX_JOBS=${MAX_JOBS:-8} python3 setup.py build_ext --inplace > "$out/build.log" 2>&1
-brc=$?
-echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
-[ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
+source scripts/gpu_devso.sh  # MOE_BACKEND_DEVSO: a carried build instead of building here
+if [ "$devso_loaded" = 1 ]; then
+  echo "carried build .devso/$MOE_BACKEND_DEVSO.so loads: not building" | tee "$out/build.log"
+else
+  MAX_JOBS=${MAX_JOBS:-8} python3 setup.py build_ext --inplace > "$out/build.log" 2>&1
+  brc=$?
+  echo "build rc=$brc in $(( $(date +%s) - t0 )) s"; tail -n 5 "$out/build.log"
+  [ $brc -eq 0 ] || { grep -n "error" "$out/build.log" | head -40; exit $brc; }
+fi
 python3 -c "import moe_backend._C, moe_backend.backends as b; print('nvshmem backend:', b.nvshmem_available())" 2>&1
 # GPU_CHECK_TESTS: a pytest -k expression to run a subset (the full layer bench runs below).
 export MOE_TEST_WORLD=${GPU_CHECK_WORLD:-2}

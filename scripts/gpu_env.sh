@@ -13,18 +13,7 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 source scripts/slurm/nvshmem_env.sh nvlink
 source scripts/gpu_wheels.sh
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
-# A build carried from the CPU machine (scripts/build_device_extension.sh NAME -> .devso/NAME.so):
-# its rpath names the build machine's NVSHMEM wheel, so this machine's is put on the library path.
-if [ -n "${MOE_BACKEND_DEVSO:-}" ] && [ -f ".devso/$MOE_BACKEND_DEVSO.so" ]; then
-  suffix=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-  cp ".devso/$MOE_BACKEND_DEVSO.so" "moe_backend/_C$suffix"
-  nvlib=$("$PYTHON" -c "import nvidia, os; print(next(os.path.join(p, 'nvshmem', 'lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'nvshmem', 'lib'))))")
-  export LD_LIBRARY_PATH=$nvlib:${LD_LIBRARY_PATH:-}
-  if ! "$PYTHON" -c "import torch, moe_backend._C" 2>/dev/null; then
-    echo "the carried .devso/$MOE_BACKEND_DEVSO.so does not load here: building"
-    rm -f moe_backend/_C*.so
-  fi
-fi
+source scripts/gpu_devso.sh  # MOE_BACKEND_DEVSO: a carried build instead of building here
 if ! ls moe_backend/_C*.so >/dev/null 2>&1; then
   echo "building moe_backend._C (log: $out/build.log)"
   TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-8} \
