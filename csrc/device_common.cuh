@@ -46,7 +46,7 @@ struct Params {
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
-  int item_spread;     // direct receive: item i is warp i / grid of block i % grid (a token's pieces on P SMs; round 37)
+  int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine

@@ -641,9 +641,9 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, P = p.copy_pieces;
   const int total = G * M;
   // This warp's item. Spread (p.item_spread, round 37): item i is warp i / grid of block
-  // i % grid, so a token's P pieces are stored by P SMs, not all by one (the arena's pieces
-  // fill the grid only at M tokens: with fewer, the rows were written by a few SMs), and
-  // the grid is rotated by the table's blocks, whose receive then comes after their write.
+  // (i + tb) % grid, so a token's P pieces are stored by P SMs, not all by one (the arena's
+  // pieces fill the grid only at M tokens: with fewer, the rows were written by a few SMs),
+  // and the table's tb blocks take the last items, whose receive comes after their write.
   const int nb = (int)gridDim.x, tb = p.direct_blocks < nb ? p.direct_blocks : nb;
   const int item = p.item_spread ? warp * nb + ((int)blockIdx.x + nb - tb) % nb : (int)blockIdx.x * NWARPS + warp;
   const bool has_item = item < total * P;
