@@ -208,7 +208,7 @@ void rate_probe(int64_t dst, int64_t src, int64_t nbytes, int64_t mode, int64_t 
 // scripts/profile_host.py): every kernel of the backend takes the ~1 KB `Params` by value;
 // is that what makes its launches dearer than aten's? Returns the median host ns of `iters`
 // launches of an empty one-thread kernel, for arguments of 8 bytes and of sizeof(Params). The
-// stream is synchronised between samples, so no launch ever waits for queue room.
+// stream is synchronised every 8 launches, so no launch ever waits for queue room.
 __global__ void empty_small_kernel(int* p) {
   if (p == nullptr && threadIdx.x == 1) __trap();  // never: keeps the argument live
 }

@@ -6,7 +6,7 @@ devso_loaded=0
 if [ -n "${MOE_BACKEND_DEVSO:-}" ] && [ -f ".devso/$MOE_BACKEND_DEVSO.so" ]; then
   suffix=$("${PYTHON:-python3}" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   cp ".devso/$MOE_BACKEND_DEVSO.so" "moe_backend/_C$suffix"
-  nvlib=$("${PYTHON:-python3}" -c "import nvidia, os; print(next(os.path.join(p, 'nvshmem', 'lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'nvshmem', 'lib'))))")
+  nvlib=$("${PYTHON:-python3}" -c "import sys; sys.path.insert(0, 'csrc'); from build import nvshmem_root; print(nvshmem_root() + '/lib')")
   export LD_LIBRARY_PATH=$nvlib:${LD_LIBRARY_PATH:-}
   if "${PYTHON:-python3}" -c "import torch, moe_backend._C" 2>/dev/null; then
     devso_loaded=1

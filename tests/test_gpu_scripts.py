@@ -97,7 +97,7 @@ def _gpu_env_with_devso(tmp_path: Path, loads: bool) -> tuple[subprocess.Complet
         "#!/usr/bin/env bash\n"
         'if [ "$1" = setup.py ]; then echo built > moe_backend/_C.built.so; exit 0; fi\n'
         'case "$2" in *moe_backend._C*) exit ' + ("0" if loads else "1") + " ;; "
-        "*nvidia*) echo /opt/nvshmem/lib; exit 0 ;; esac\n"
+        "*nvshmem_root*) echo /opt/nvshmem/lib; exit 0 ;; esac\n"
         'exec python3 "$@"\n'
     )
     fake.chmod(0o755)
