@@ -47,6 +47,9 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
+  int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
+                       // SELF_SEND (every token through the slots and flags, as another group's)
+  unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND)
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
@@ -61,9 +64,9 @@ struct Params {
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
 };
 
-// Bit mask of this rank's group (its tp replicas): the ranks the dispatch send skips.
-__host__ __device__ inline unsigned long long own_group_ranks(const Params& p) {
-  return p.tp >= 64 ? ~0ULL : (((1ULL << p.tp) - 1ULL) << (p.group * p.tp));
+// Bit mask of group g's ranks (its tp replicas).
+inline unsigned long long group_ranks(int g, int tp) {
+  return tp >= 64 ? ~0ULL : (((1ULL << tp) - 1ULL) << (g * tp));
 }
 
 // Signal slots (uint64) inside the arena's signal region.

@@ -17,6 +17,7 @@ namespace moe {
 // Ranks of the sender's own group get nothing: their receive copies those tokens straight
 // from their own `x` (every replica of a group holds the same x), which saves the link-free
 // but HBM-costly self copy (~58 MB written + read again at the DeepSeek prefill shape).
+// With SELF_SEND (p.own_group < 0) they get their copy too, so one GPU runs the cross-rank path.
 // Register cap (<= 64, __launch_bounds__(.., 8)): SEND_BLOCKS_PER_SM send blocks plus one
 // 512-thread copy block at 64 registers must fit one SM's 64K registers, or the overlapped
 // copy cannot start until the send blocks retire (it did: 90 registers, tail 168 us).
@@ -62,7 +63,6 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
   if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
-  const unsigned long long own_ranks = own_group_ranks(p);
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table. The same for the
   // direct table's tb blocks: block tb takes the first token.
@@ -78,7 +78,7 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
     }
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
-    mask = (((unsigned long long)hi << 32) | lo) & ~own_ranks;
+    mask = (((unsigned long long)hi << 32) | lo) & ~p.own_ranks;
     if (!mask) continue;
     const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
     const char* xs = x + (long long)t * p.row_bytes;
@@ -379,12 +379,13 @@ __device__ __forceinline__ void store_scale_vec(const Params& p, float* __restri
 }
 
 // Warp: where token (gg, tt)'s row is read from (the own group's from x, another group's from
-// its slot once lane 0 saw its flag); null when there is nothing to copy (no rows, or a timeout).
+// its slot once lane 0 saw its flag; with SELF_SEND every group's from its slot); null when
+// there is nothing to copy (no rows, or a timeout).
 // copy_token_piece keeps this inline: through the helper (and with its scale source computed
 // right after, as there) its dynamic kernel spilled 16 B, twice tried.
 __device__ __forceinline__ const char* token_source(const Params& p, const char* __restrict__ x, int nk, int gg, int tt,
                                                     unsigned long long round, int lane) {
-  const bool own = gg == p.group;
+  const bool own = gg == p.own_group;
   int arrived = own ? 1 : 0;
   if (!own && nk > 0 && lane == 0)
     arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
@@ -396,7 +397,7 @@ __device__ __forceinline__ const char* token_source(const Params& p, const char*
 // Its scales: x_scale's row, or the slot's after the row.
 __device__ __forceinline__ const char* token_scale_source(const Params& p, const char* __restrict__ xscale,
                                                           const char* src, int gg, int tt) {
-  return gg == p.group ? xscale + (long long)tt * p.scale_bytes : src + ((p.row_bytes + 15) & ~15);
+  return gg == p.own_group ? xscale + (long long)tt * p.scale_bytes : src + ((p.row_bytes + 15) & ~15);
 }
 
 // Warp: a token's scales from ssrc into each of its nk expert rows.
@@ -430,7 +431,7 @@ __device__ __forceinline__ void copy_token_bulk(const Params& p, char* __restric
   if (lane == 0) {
     const unsigned bytes = (unsigned)p.row_bytes;
     bulk_wait_read<0>();
-    if (gg != p.group) fence_proxy_async_global();  // the bulk load reads what the flag's acquire made visible
+    if (gg != p.own_group) fence_proxy_async_global();  // the bulk load reads what the flag's acquire made visible
     mbar_arrive_expect(bar, bytes);
     bulk_load(buf, src, bytes, bar);
     mbar_wait(bar, parity);
@@ -448,7 +449,7 @@ __device__ __forceinline__ void copy_token_piece(const Params& p, char* __restri
                                                  const char* __restrict__ x, const char* __restrict__ xscale,
                                                  const int* rows, int nk, int gg, int tt, int piece, int P,
                                                  unsigned long long round, int lane) {
-  const bool own = gg == p.group;
+  const bool own = gg == p.own_group;
   const long long uu = (long long)gg * p.M + tt;
   const int aligned_row = (p.row_bytes + 15) & ~15;
   const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     }
     __syncwarp();
   }
-  const int topk = p.topk, M = p.M, G = p.G, me = p.group, P = DYNAMIC ? 1 : p.copy_pieces;
+  const int topk = p.topk, M = p.M, G = p.G, own_g = p.own_group, P = DYNAMIC ? 1 : p.copy_pieces;
   const int total = G * M;  // G*M*P < 2^31: G*M <= 1024 per SM (chunking), P <= 64
   const long long R = (long long)total * (topk < p.L ? topk : p.L);  // rows of the outputs
   for (int item = DYNAMIC ? -1 : (int)blockIdx.x * NWARPS + warp;;) {
@@ -527,7 +528,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
     const int piece = item % P;
     int gg, tt;
     item_token(p, item / P, gg, tt);
-    const bool own = gg == me;
+    const bool own = gg == own_g;
     const int* rm = p.rowmap + ((long long)gg * M + tt) * topk;
     int nk = 0;
     if (!own || tt < xrows) {  // own rows past x's rows: only after a timeout (garbage plan)
@@ -663,7 +664,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     wincl = warp_incl_scan(my_total, lane);
     if (lane == 31) sh_wsum[warp] = wincl;
   };
-  const bool have = p.early_load && has_item && gg == p.group && tt < xrows &&
+  const bool have = p.early_load && has_item && gg == p.own_group && tt < xrows &&
                     ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(xscale)) & 15) == 0;
   if (have)
     early_load_piece(p, x + (long long)tt * p.row_bytes, xscale + (long long)tt * p.scale_bytes, piece, P, lane,
@@ -772,7 +773,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
   if (!has_item) return;
   const long long uu = (long long)gg * M + tt;
-  const bool live = tt < sh_n[gg] && (gg != p.group || tt < xrows);
+  const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
   int nk = 0;
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;

@@ -215,6 +215,13 @@ int64_t create_ctx(std::vector<int64_t> c) {
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;
   p->replica = p->rank % p->tp;
+  // SELF_SEND=1 (off by default; a test and measurement mode): the send ships the own group's
+  // tokens too, into the slots and flags another group's take, and the receive reads them from
+  // there, not from x. One GPU then runs the whole cross-rank path of the dispatch (at world
+  // size 1 every token is the own group's), at the cost of the self copy.
+  const bool self_send = env_switch("MOE_BACKEND_NVSHMEM_SELF_SEND", false, true);
+  p->own_group = self_send ? -1 : p->group;
+  p->own_ranks = self_send ? 0ULL : group_ranks(p->group, p->tp);
   // The signal region (before the tables) must hold every flag the kernels index: the last
   // is rank W-1's last partial flag, so the count is sig_comb's index of a rank W. A layout
   // computed with another COMBINE_ITEMS than the one passed here would not hold them.
@@ -707,7 +714,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   // they timed out (round 15). Queued first, its items wait only for local copies.
   if (ps.ce_send) {
     const unsigned long long all = p.W >= 64 ? ~0ULL : ((1ULL << p.W) - 1ULL);
-    launch_ce_send(cx, in.x, reinterpret_cast<const char*>(in.scale), in.nptr, n_send, all & ~own_group_ranks(p));
+    launch_ce_send(cx, in.x, reinterpret_cast<const char*>(in.scale), in.nptr, n_send, all & ~p.own_ranks);
   }
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).

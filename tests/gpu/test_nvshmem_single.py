@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from moe_backend import launch
+from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.communicator import Communicator
 from moe_backend.spec import CommSpec
 from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, run_case
@@ -89,6 +90,11 @@ def _overlap_env(on: str) -> dict[str, str]:
 # receive, one fused kernel since round 35).
 # "pdl-combine": `comm.combine` with both kernels on the caller's stream, the receive launched by
 # PDL (round 36; by default the receive runs on the side stream).
+# "self-send*": the send ships the own group's tokens into the slots and raises their flags, and
+# the receive waits for the flags and reads the slots, as for another rank's tokens
+# (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
+# untagged table, two kernels and register copies, and with the copy-engine send.
+SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
@@ -97,6 +103,10 @@ VARIANTS = {
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
+    "self-send": SELF_SEND,
+    "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
+                                           for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
+    "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
 }
 
 
@@ -120,13 +130,64 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
     must carry each round's tag, replay after replay."""
     print(f"seed={SEED}")
     launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
+
+
+class _DeviceMemory:
+    """Raw device memory as `torch.as_tensor` takes it (the CUDA array interface): the arena's words."""
+
+    def __init__(self, ptr: int, count: int, typestr: str) -> None:
+        self.__cuda_array_interface__ = {"shape": (count,), "typestr": typestr, "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def _arena_words(arena: rt.Arena, offset: int, count: int, typestr: str) -> torch.Tensor:
+    return torch.as_tensor(_DeviceMemory(arena.sym + offset, count, typestr), device=arena.device).clone()
+
+
+def _self_send_worker(seed: int, self_send: bool) -> None:
+    os.environ["MOE_BACKEND_NVSHMEM_SELF_SEND"] = "1" if self_send else "0"  # read when an arena is created
+    device = torch.device("cuda", 0)
+    for transport in ("nvlink", "put"):
+        for tokens in (24, 2048):  # the direct receive's arena, the plan and copy's
+            spec = CommSpec(num_experts=16, topk=4, hidden=128, max_num_tokens=tokens, world_size=1)
+            comm = Communicator(spec, backend="nvshmem", transport=transport, sync_check=True)
+            try:
+                gen = torch.Generator().manual_seed(seed + tokens)
+                n = tokens - 3
+                ids = torch.rand(n, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32).to(device)
+                x = torch.randn(n, 128, generator=gen).to(torch.bfloat16).to(device)
+                result = comm.dispatch(x, ids)
+                torch.cuda.synchronize(device)
+                arena, sizes = comm.backend.arena, rt.row_sizes(spec)
+                # Token t's flag is signal W + G + t, its slot [0][t] a row of slot_bytes.
+                first_flag = arena.layout["off_signals"] + 8 * (spec.world_size + spec.num_groups)
+                flags = _arena_words(arena, first_flag, tokens, "<i8")
+                slots = _arena_words(arena, arena.layout["off_dispatch"], tokens * sizes["slot_bytes"], "|u1")
+                rows = slots.view(tokens, sizes["slot_bytes"])[:n, : sizes["row_bytes"]]
+                where = f"[{transport}, {tokens} tokens, SELF_SEND={int(self_send)}]"
+                if self_send:
+                    assert flags[:n].eq(1).all() and flags[n:].eq(0).all(), f"{where} token flags {flags.tolist()}"
+                    assert torch.equal(rows, x.view(torch.uint8)), f"{where} the slots do not hold x's rows"
+                else:
+                    assert flags.eq(0).all(), f"{where} the own tokens were sent: flags {flags.tolist()}"
+                comm.combine(result.tokens, result.handle)  # ends the round
+            finally:
+                comm.close()
+
+
+@pytest.mark.parametrize("self_send", [True, False])
+def test_self_send_goes_through_the_slots(self_send: bool) -> None:
+    """SELF_SEND=1 puts the own tokens' rows into the slots and raises their flags (round 1), on
+    both transports, in a direct-receive arena and a plan-and-copy one; without it the own
+    tokens never touch the slots (the receive reads x)."""
+    launch.spawn(_self_send_worker, 1, SEED, self_send, dist_backend="nccl", timeout=120)
 
 
 def test_contract_tasks_on_one_gpu() -> None:
