@@ -45,7 +45,7 @@ struct SendIn {
 
 // The send's work for the calling block (of any size): the entered flags, the table's share,
 // then its tokens. Also the first half of dispatch_fused_kernel.
-template <bool NVL>
+template <bool NVL, bool ROWS = false>  // ROWS: p.ll_rows (round-tagged rows, nvlink)
 __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* __restrict__ x,
                                                    const int* __restrict__ ids, const float* __restrict__ w,
                                                    const float* __restrict__ scale, int n, unsigned long long round) {
@@ -83,6 +83,12 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
     const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
     const char* xs = x + (long long)t * p.row_bytes;
     if constexpr (NVL) {
+      if constexpr (ROWS) {  // round-tagged rows: the receive polls the words themselves, no flag
+        const char* ss = reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes;
+        block_copy_tagged(p, slot_off, mask, xs, p.row_bytes, round);
+        if (p.scale_bytes) block_copy_tagged(p, slot_off + 2LL * aligned_row, mask, ss, p.scale_bytes, round);
+        continue;
+      }
       block_copy_multi(p, slot_off, mask, xs, p.row_bytes);
       if (p.scale_bytes)
         block_copy_multi(p, slot_off + aligned_row, mask,
@@ -110,14 +116,14 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
   }
 }
 
-template <bool NVL>
+template <bool NVL, bool ROWS = false>
 __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p, const char* __restrict__ x,
                                                                      const int* __restrict__ ids,
                                                                      const float* __restrict__ w,
                                                                      const float* __restrict__ scale,
                                                                      const int* __restrict__ nptr, int n_host, int rows) {
   stamp_entry(ST_SEND);
-  dispatch_send_body<NVL>(p, x, ids, w, scale, send_count(nptr, n_host, rows), p.state[0] + 1);
+  dispatch_send_body<NVL, ROWS>(p, x, ids, w, scale, send_count(nptr, n_host, rows), p.state[0] + 1);
   stamp_exit(ST_SEND);
 }
 
@@ -442,6 +448,52 @@ __device__ __forceinline__ void copy_token_bulk(const Params& p, char* __restric
   if (p.scale_bytes) copy_token_scales(p, scales, token_scale_source(p, xscale, src, gg, tt), rows, nk, lane);
 }
 
+// Warp: piece `piece` of P of a round-tagged slot (p.ll_rows; block_copy_tagged wrote it) into
+// the nk expert rows `rows`, the last piece also the scales: each lane loads its words and polls
+// those without this round's tag again (no flag: a word that carries the round carries its
+// payload). After a timeout whatever the words hold is stored (the round is reported broken).
+constexpr int LL_ROW_UNROLL = 2;  // payload vectors in flight per lane (two 16-byte words each)
+__device__ __forceinline__ void copy_tagged_piece(const Params& p, char* __restrict__ tokens, float* __restrict__ scales,
+                                                  const char* slot, const int* rows, int nk, int piece, int P,
+                                                  unsigned long long round, int peer, int lane) {
+  if (nk == 0) return;
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + P - 1) / P;
+  const int c1 = min(n16, (piece + 1) * per16);
+  auto payload = [&](const char* w, ulonglong2& a, ulonglong2& b) {
+    a = poll_tagged(p, w, a, round, peer);
+    b = poll_tagged(p, w + 16, b, round, peer);
+    return make_int4((int)(unsigned)a.x, (int)(unsigned)a.y, (int)(unsigned)b.x, (int)(unsigned)b.y);
+  };
+  for (int c0 = piece * per16 + lane; c0 < c1; c0 += 32 * LL_ROW_UNROLL) {
+    ulonglong2 a[LL_ROW_UNROLL], b[LL_ROW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < LL_ROW_UNROLL; ++u)
+      if (c0 + 32 * u < c1) {
+        a[u] = ld_tagged2(slot + 32LL * (c0 + 32 * u));
+        b[u] = ld_tagged2(slot + 32LL * (c0 + 32 * u) + 16);
+      }
+    int4 v[LL_ROW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < LL_ROW_UNROLL; ++u)
+      if (c0 + 32 * u < c1) v[u] = payload(slot + 32LL * (c0 + 32 * u), a[u], b[u]);
+    for (int j = 0; j < nk; ++j) {
+      int4* d = reinterpret_cast<int4*>(tokens + (long long)rows[j] * p.row_bytes);
+#pragma unroll
+      for (int u = 0; u < LL_ROW_UNROLL; ++u)
+        if (c0 + 32 * u < c1) __stcs(d + c0 + 32 * u, v[u]);
+    }
+  }
+  if (p.scale_bytes && piece == P - 1) {  // scales of <= 512 B, 16-byte vectors (create_ctx)
+    int4 v{};
+    if (lane < (p.scale_bytes >> 4)) {
+      const char* w = slot + 2LL * p.row_bytes + 32LL * lane;
+      ulonglong2 a = ld_tagged2(w), b = ld_tagged2(w + 16);
+      v = payload(w, a, b);
+    }
+    store_scale_vec(p, scales, rows, nk, lane, v);
+  }
+}
+
 // Warp: piece `piece` of P of token (gg, tt)'s row (the own group's from x, another group's
 // from its slot after its flag) into the nk expert rows `rows`; the last piece also copies the
 // scales. Nothing is copied after a timeout.
@@ -620,7 +672,7 @@ struct DirectOut {
   int* sk;
 };
 
-template <bool LL>
+template <bool LL, bool ROWS = false>
 __device__ __forceinline__ void dispatch_direct_body(const Params& p, const DirectOut& o, const char* __restrict__ x,
                                                      const char* __restrict__ xscale, int xrows) {
   char* __restrict__ tokens = o.tokens;
@@ -815,17 +867,20 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   if (live) stamp_exit(ST_DIRECT_ROWS);
   if (have) {
     early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
+  } else if (ROWS && gg != p.own_group) {
+    copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P, round,
+                      gg * p.tp + tt % p.tp, lane);
   } else {
     copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
   }
   if (live) stamp_exit(ST_DIRECT_COPIED);
 }
 
-template <bool LL>
+template <bool LL, bool ROWS = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, DirectOut o, const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
   stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
-  dispatch_direct_body<LL>(p, o, x, xscale, xrows);
+  dispatch_direct_body<LL, ROWS>(p, o, x, xscale, xrows);
   stamp_exit(ST_COPY);
 }
 
@@ -837,13 +892,13 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // and no receive wait can hold back a send of this rank. Saves a launch and
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
-template <bool NVL, bool LL>
+template <bool NVL, bool LL, bool ROWS = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
-  dispatch_send_body<NVL>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
+  dispatch_send_body<NVL, ROWS>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
   stamp_exit(ST_RECV_START);
-  dispatch_direct_body<LL>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
+  dispatch_direct_body<LL, ROWS>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
   stamp_exit(ST_COPY);
 }
 

@@ -269,6 +269,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
   p->ll_table = p->direct && ll_on ? 1 : 0;
+  // Round 38: with the tagged table on nvlink, the rows too in round-tagged words (twice the
+  // bytes, no token flag to release or wait for), where the arena's slots have the room
+  // (nvshmem_runtime.row_sizes) and rows and scales are 16-byte vectors (scales <= 512 B).
+  {
+    const bool fits = p->row_bytes % 16 == 0 && p->scale_bytes % 16 == 0 && p->scale_bytes <= 512 &&
+                      p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
+    p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? 1 : 0;
+  }
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
   {
@@ -320,7 +328,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     const bool one_queue = conns && std::atoi(conns) == 1;
     const bool dense = dense_fraction(p->E, p->L, p->topk) >= CE_MIN_DENSITY;
-    const bool can = p->nvl && cx->overlap;
+    const bool can = p->nvl && cx->overlap && !p->ll_rows;  // the copy engines write untagged rows
     p->ce_send = can && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", dense && !one_queue, true);
     cx->ce_forced = p->ce_send && env_switch("MOE_BACKEND_NVSHMEM_CE_SEND", false, true);
   }
@@ -499,9 +507,12 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
   if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
     static const bool carve_direct =
-        max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>);
+        max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>) &&
+        max_shared_carveout(dispatch_direct_kernel<true, true>);
     (void)carve_direct;
-    auto* kernel = p.ll_table ? dispatch_direct_kernel<true> : dispatch_direct_kernel<false>;
+    auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
+                   : p.ll_table ? dispatch_direct_kernel<true>
+                                : dispatch_direct_kernel<false>;
     kernel<<<direct_blocks_of(p), NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
                                                                                    (int)x.size(0));
     CUDA_OK(cudaGetLastError());
@@ -694,7 +705,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int rows = in.rows;
   const int per_replica = (p.M + p.tp - 1) / p.tp;
   int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
-  static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) && max_shared_carveout(dispatch_send_kernel<false>);
+  static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) &&
+                            max_shared_carveout(dispatch_send_kernel<true, true>) &&
+                            max_shared_carveout(dispatch_send_kernel<false>);
   (void)carve;
   Params ps = p;
   const int n_send = in.nptr ? rows : std::max(0, std::min((int)n_host, rows));
@@ -702,8 +715,9 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   if (ps.ce_send) blocks = std::min(blocks, table_blocks(p));  // the send kernel ships the table only
   const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
-    dispatch_send_kernel<true><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, in.x, in.ids, in.w, in.scale,
-                                                                                 in.nptr, in.n_host, in.rows);
+    (p.ll_rows ? dispatch_send_kernel<true, true> : dispatch_send_kernel<true>)<<<blocks, SEND_THREADS, send_smem,
+                                                                                  send_stream>>>(
+        ps, in.x, in.ids, in.w, in.scale, in.nptr, in.n_host, in.rows);
   else
     dispatch_send_kernel<false><<<blocks, SEND_THREADS, send_smem, send_stream>>>(ps, in.x, in.ids, in.w, in.scale,
                                                                                   in.nptr, in.n_host, in.rows);
@@ -774,15 +788,17 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
   const size_t smem = std::max(direct_send_smem(p), (size_t)(p.G + 1) * p.L * 4);
   static const bool ready = [] {
     for (auto* k : {dispatch_fused_kernel<true, true>, dispatch_fused_kernel<true, false>,
-                    dispatch_fused_kernel<false, true>}) {
+                    dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>}) {
       max_shared_carveout(k);
       CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
     }
     return true;
   }();
   (void)ready;
-  auto* kernel = !p.nvl ? dispatch_fused_kernel<false, true>
-                 : p.ll_table ? dispatch_fused_kernel<true, true> : dispatch_fused_kernel<true, false>;
+  auto* kernel = !p.nvl      ? dispatch_fused_kernel<false, true>
+                 : p.ll_rows  ? dispatch_fused_kernel<true, true, true>
+                 : p.ll_table ? dispatch_fused_kernel<true, true>
+                              : dispatch_fused_kernel<true, false>;
   kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());
   return out;

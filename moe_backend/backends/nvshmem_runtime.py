@@ -32,6 +32,7 @@ TRANSPORTS = ("auto", "put", "nvlink")
 MAX_WORLD = 64
 MAX_TOPK = 64
 _ALIGN = 256
+DIRECT_TABLE_BYTES = 8192  # the kernels' TABLE_PORTION_BYTES: the direct receive's table fits one portion
 PHASES = {1: "dispatch_recv", 2: "combine_recv", 3: "dispatch_recv (grid barrier)"}
 
 _DTYPE_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, FP8: 3}
@@ -45,10 +46,13 @@ def row_sizes(spec: CommSpec) -> dict[str, int]:
     """Bytes of one dispatch slot (x row + fp8 scales), one routing table, one combine partial."""
     row = spec.hidden * spec.in_dtype.itemsize
     scale = spec.num_scales * 4
+    # Arenas whose table fits the direct receive's one portion have room for the rows in
+    # round-tagged words too (twice the bytes; LL_ROWS, round 38); their slots are few.
+    tagged = 2 if spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES else 1
     return {
         "row_bytes": row,
         "scale_bytes": scale,
-        "slot_bytes": _up(row) + _up(scale),
+        "slot_bytes": (_up(row) + _up(scale)) * tagged,
         # Room for the direct receive's round-tagged table (round 25): a 16-byte header, 16 bytes
         # per (token, k), 8 per expert count; the untagged table (8 per (token, k), 4 per count)
         # takes the first half.
@@ -65,7 +69,8 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
       tables    G * table_bytes           (16-byte header, then per token ids[topk] int32, weights[topk] f32,
                                            then count[E] int32, written by the direct receive's senders;
                                            or all of it in round-tagged 8-byte words, twice the bytes)
-      dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales)
+      dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales; twice
+                                           that in arenas with room for round-tagged rows)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
     """

@@ -172,6 +172,14 @@ def test_contract_suite_split_dispatch():
     _spawn(_contract_under_env, 9, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
+def test_contract_suite_tagged_rows():
+    """The rows in round-tagged words that the receive polls, no token flag (LL_ROWS=1, round 38,
+    nvlink's direct receive only), fused and split: the same results, rounds and replays."""
+    for env in ({"MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
+                {"MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}):
+        _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
+
+
 def test_contract_suite_whole_combine_on_one_stream():
     """`comm.combine` with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 (round 36): where the receive would
     overlap the send, both kernels on the caller's stream, the receive launched by PDL (no fork
