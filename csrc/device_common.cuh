@@ -47,8 +47,7 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
-  int ll_rows;         // direct receive, nvlink: a source's rows in round-tagged words (polled by the receive,
-                       // no token flag) when it sends at most this many tokens; 0: never
+  int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
   unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND)
@@ -392,16 +391,10 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
 
 // Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
 // (their arenas through p.peer), reading the source once: UNROLL 16-byte loads in flight per
-// thread, then the stores. Byte loop when anything is not 16-byte aligned. With TAGGED and
-// `tagged` (p.ll_rows; bytes a multiple of 16, 16-byte aligned) the destination gets
-// round-tagged words instead: each 4 bytes of payload become one 8-byte word with the round in
-// its high half (st_tagged2, two per 16 payload bytes), twice the bytes, needing no flag. One
-// loop for both formats: a separate tagged loop beside this one spilled in the send kernel.
+// thread, then the stores. Byte loop when anything is not 16-byte aligned.
 constexpr int COPY_UNROLL = 8;
-template <bool TAGGED = false>
 __device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_off, unsigned long long mask,
-                                                 const char* __restrict__ src, int bytes, bool tagged = false,
-                                                 unsigned long long round = 0) {
+                                                 const char* __restrict__ src, int bytes) {
   const int tid = threadIdx.x, nt = blockDim.x;
   if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes | (uintptr_t)dst_off) & 15) == 0) {
     const int4* s = reinterpret_cast<const int4*>(src);
@@ -412,25 +405,45 @@ __device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_
       for (int u = 0; u < COPY_UNROLL; ++u)
         if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
       for (unsigned long long m = mask; m; m &= m - 1) {
-        char* dc = p.peer[__ffsll((long long)m) - 1] + dst_off;
-        int4* d = reinterpret_cast<int4*>(dc);
+        int4* d = reinterpret_cast<int4*>(p.peer[__ffsll((long long)m) - 1] + dst_off);
 #pragma unroll
         for (int u = 0; u < COPY_UNROLL; ++u)
-          if (i0 + u * nt < n) {
-            if (TAGGED && tagged) {
-              char* w = dc + 32LL * (i0 + u * nt);
-              st_tagged2(w, (unsigned)v[u].x, (unsigned)v[u].y, round);
-              st_tagged2(w + 16, (unsigned)v[u].z, (unsigned)v[u].w, round);
-            } else {
-              d[i0 + u * nt] = v[u];
-            }
-          }
+          if (i0 + u * nt < n) d[i0 + u * nt] = v[u];
       }
     }
   } else {
     for (int i = tid; i < bytes; i += nt) {
       char v = src[i];
       for (unsigned long long m = mask; m; m &= m - 1) p.peer[__ffsll((long long)m) - 1][dst_off + i] = v;
+    }
+  }
+}
+
+// Block-cooperative copy of `bytes` (a multiple of 16) from src to byte offset dst_off of every
+// rank in `mask` as round-tagged words (p.ll_rows): each 4 bytes of payload become one 8-byte
+// word with the round in its high half (st_tagged2: 16 payload bytes, two 16-byte stores), so
+// the destination takes twice the bytes and needs no flag. Half block_copy_multi's loads in
+// flight: with 8 the send kernel spilled at its 64 registers.
+constexpr int TAGGED_UNROLL = 4;
+__device__ __forceinline__ void block_copy_tagged(const Params& p, long long dst_off, unsigned long long mask,
+                                                  const char* __restrict__ src, int bytes, unsigned long long round) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int4* s = reinterpret_cast<const int4*>(src);
+  const int n = bytes >> 4;
+  for (int i0 = tid; i0 < n; i0 += TAGGED_UNROLL * nt) {
+    int4 v[TAGGED_UNROLL];
+#pragma unroll
+    for (int u = 0; u < TAGGED_UNROLL; ++u)
+      if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
+    for (unsigned long long m = mask; m; m &= m - 1) {
+      char* d = p.peer[__ffsll((long long)m) - 1] + dst_off;
+#pragma unroll
+      for (int u = 0; u < TAGGED_UNROLL; ++u)
+        if (i0 + u * nt < n) {
+          char* w = d + 32LL * (i0 + u * nt);
+          st_tagged2(w, (unsigned)v[u].x, (unsigned)v[u].y, round);
+          st_tagged2(w + 16, (unsigned)v[u].z, (unsigned)v[u].w, round);
+        }
     }
   }
 }

@@ -83,15 +83,16 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
     const long long slot_off = p.off_disp + ((long long)p.group * p.M + t) * p.slot_bytes;
     const char* xs = x + (long long)t * p.row_bytes;
     if constexpr (NVL) {
-      // Round-tagged rows (p.ll_rows, up to that many tokens: the receive reads the header's n
-      // and picks the same format): the receive polls the words themselves, no flag.
-      const bool tagged = ROWS && n <= p.ll_rows;
-      block_copy_multi<ROWS>(p, slot_off, mask, xs, p.row_bytes, tagged, round);
+      if constexpr (ROWS) {  // round-tagged rows: the receive polls the words themselves, no flag
+        const char* ss = reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes;
+        block_copy_tagged(p, slot_off, mask, xs, p.row_bytes, round);
+        if (p.scale_bytes) block_copy_tagged(p, slot_off + 2LL * aligned_row, mask, ss, p.scale_bytes, round);
+        continue;
+      }
+      block_copy_multi(p, slot_off, mask, xs, p.row_bytes);
       if (p.scale_bytes)
-        block_copy_multi<ROWS>(p, slot_off + (tagged ? 2 : 1) * aligned_row, mask,
-                               reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes,
-                               tagged, round);
-      if (tagged) continue;
+        block_copy_multi(p, slot_off + aligned_row, mask,
+                         reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
       __syncthreads();  // every thread's stores of this token precede thread 0's fence + flags
       if (tid == 0) {
         // The release stores alone order the block's row stores (bar.sync before them), as the
@@ -447,7 +448,7 @@ __device__ __forceinline__ void copy_token_bulk(const Params& p, char* __restric
   if (p.scale_bytes) copy_token_scales(p, scales, token_scale_source(p, xscale, src, gg, tt), rows, nk, lane);
 }
 
-// Warp: piece `piece` of P of a round-tagged slot (p.ll_rows; block_copy_multi<true> wrote it) into
+// Warp: piece `piece` of P of a round-tagged slot (p.ll_rows; block_copy_tagged wrote it) into
 // the nk expert rows `rows`, the last piece also the scales: each lane loads its words and polls
 // those without this round's tag again (no flag: a word that carries the round carries its
 // payload). After a timeout whatever the words hold is stored (the round is reported broken).
@@ -866,7 +867,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   if (live) stamp_exit(ST_DIRECT_ROWS);
   if (have) {
     early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
-  } else if (ROWS && gg != p.own_group && sh_n[gg] <= p.ll_rows) {  // the sender's format for its n
+  } else if (ROWS && gg != p.own_group) {
     copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P, round,
                       gg * p.tp + tt % p.tp, lane);
   } else {

@@ -271,14 +271,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->ll_table = p->direct && ll_on ? 1 : 0;
   // Round 38: with the tagged table on nvlink, the rows too in round-tagged words (twice the
   // bytes, no token flag to release or wait for), where the arena's slots have the room
-  // (nvshmem_runtime.row_sizes) and rows and scales are 16-byte vectors (scales <= 512 B); by
-  // a source that sends at most MOE_BACKEND_NVSHMEM_LL_ROWS_MAX tokens (default: any count).
+  // (nvshmem_runtime.row_sizes) and rows and scales are 16-byte vectors (scales <= 512 B).
   {
     const bool fits = p->row_bytes % 16 == 0 && p->scale_bytes % 16 == 0 && p->scale_bytes <= 512 &&
                       p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
-    const char* vmax = std::getenv("MOE_BACKEND_NVSHMEM_LL_ROWS_MAX");
-    const int most = vmax && std::atoi(vmax) > 0 ? std::min(p->M, std::atoi(vmax)) : p->M;
-    p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? most : 0;
+    p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? 1 : 0;
   }
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.

@@ -174,11 +174,9 @@ def test_contract_suite_split_dispatch():
 
 def test_contract_suite_tagged_rows():
     """The rows in round-tagged words that the receive polls, no token flag (LL_ROWS=1, round 38,
-    nvlink's direct receive only): for any token count (fused), and only for calls of at most 12
-    tokens (LL_ROWS_MAX=12, split; rounds and replays then switch format on one arena): the same
-    results, rounds and replays."""
-    on = {"MOE_BACKEND_NVSHMEM_LL_ROWS": "1"}
-    for env in (on, {**on, "MOE_BACKEND_NVSHMEM_LL_ROWS_MAX": "12", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}):
+    nvlink's direct receive only), fused and split: the same results, rounds and replays."""
+    for env in ({"MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
+                {"MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}):
         _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 

@@ -95,11 +95,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
 # untagged table, two kernels and register copies, and with the copy-engine send.
 # "tagged-rows*": with SELF_SEND, the rows in round-tagged words the receive polls, no token flag
-# (LL_ROWS=1, round 38; nvlink's direct receive): for every token count, and "mixed" only for
-# calls of at most 12 tokens (LL_ROWS_MAX; the cases' counts go past it, so an arena's rounds
-# and replays switch format), fused and split.
+# (LL_ROWS=1, round 38; nvlink's direct receive), fused and split.
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
-TAGGED_ROWS = {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
@@ -112,10 +109,8 @@ VARIANTS = {
     "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
                                            for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
     "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
-    "tagged-rows": TAGGED_ROWS,
-    "tagged-rows-mixed": {**TAGGED_ROWS, "MOE_BACKEND_NVSHMEM_LL_ROWS_MAX": "12"},
-    "tagged-rows-split": {**TAGGED_ROWS, "MOE_BACKEND_NVSHMEM_LL_ROWS_MAX": "12",
-                          "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+    "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
+    "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
 }
 
 
@@ -139,7 +134,7 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows-mixed"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
