@@ -389,6 +389,16 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   }
 }
 
+// A thread's share of a block's 16-byte vectors of s: i0, i0 + nt, ... (those below n), loaded
+// together so that all are in flight before the first store.
+template <int UNROLL>
+__device__ __forceinline__ void load_block_vectors(const int4* __restrict__ s, int i0, int nt, int n,
+                                                   int4 (&v)[UNROLL]) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u)
+    if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
+}
+
 // Block-cooperative copy of `bytes` from src to byte offset dst_off of every rank in `mask`
 // (their arenas through p.peer), reading the source once: UNROLL 16-byte loads in flight per
 // thread, then the stores. Byte loop when anything is not 16-byte aligned.
@@ -401,9 +411,7 @@ __device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_
     const int n = bytes >> 4;
     for (int i0 = tid; i0 < n; i0 += COPY_UNROLL * nt) {
       int4 v[COPY_UNROLL];
-#pragma unroll
-      for (int u = 0; u < COPY_UNROLL; ++u)
-        if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
+      load_block_vectors(s, i0, nt, n, v);
       for (unsigned long long m = mask; m; m &= m - 1) {
         int4* d = reinterpret_cast<int4*>(p.peer[__ffsll((long long)m) - 1] + dst_off);
 #pragma unroll
@@ -423,7 +431,7 @@ __device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_
 // rank in `mask` as round-tagged words (p.ll_rows): each 4 bytes of payload become one 8-byte
 // word with the round in its high half (st_tagged2: 16 payload bytes, two 16-byte stores), so
 // the destination takes twice the bytes and needs no flag. Half block_copy_multi's loads in
-// flight: with 8 the send kernel spilled at its 64 registers.
+// flight: with 8, in an instance that also held the flagged copy, the send kernel spilled 36 B.
 constexpr int TAGGED_UNROLL = 4;
 __device__ __forceinline__ void block_copy_tagged(const Params& p, long long dst_off, unsigned long long mask,
                                                   const char* __restrict__ src, int bytes, unsigned long long round) {
@@ -432,9 +440,7 @@ __device__ __forceinline__ void block_copy_tagged(const Params& p, long long dst
   const int n = bytes >> 4;
   for (int i0 = tid; i0 < n; i0 += TAGGED_UNROLL * nt) {
     int4 v[TAGGED_UNROLL];
-#pragma unroll
-    for (int u = 0; u < TAGGED_UNROLL; ++u)
-      if (i0 + u * nt < n) v[u] = __ldg(s + i0 + u * nt);
+    load_block_vectors(s, i0, nt, n, v);
     for (unsigned long long m = mask; m; m &= m - 1) {
       char* d = p.peer[__ffsll((long long)m) - 1] + dst_off;
 #pragma unroll
