@@ -131,14 +131,21 @@ __global__ void __launch_bounds__(SEND_THREADS, 8) dispatch_send_kernel(Params p
 // destination's slots have completed (stream order behind an event), raise the chunk's token
 // flags there, so the receive's copy is the same as with the send kernel. The round comes
 // from the device (the host does not know it: CUDA graphs replay the same launch).
+// `one_fence` (round 38, CE_FLAG_FENCE): the kernel's one system fence orders the completed
+// copies before every flag (a fence then a strong store is a release pattern), so the flags are
+// relaxed stores; each a release store (=0) took 17-34 us for a ~1000-token chunk beside the
+// receive's copy (a fence per store, 4 a thread, under the copy's memory traffic).
 __global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, const int* __restrict__ nptr,
-                                                      unsigned long long ranks) {
+                                                      unsigned long long ranks, bool one_fence) {
   const unsigned long long round = p.state[0] + 1;
   if (nptr) t1 = min(t1, max(0, *nptr));
   __threadfence_system();
   for (int t = t0 + (int)threadIdx.x; t < t1; t += blockDim.x)
-    for (unsigned long long m = ranks; m; m &= m - 1)
-      st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
+    for (unsigned long long m = ranks; m; m &= m - 1) {
+      unsigned long long* flag = sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t));
+      if (one_fence) st_relaxed_sys(flag, round);
+      else st_release_sys(flag, round);
+    }
 }
 
 // Inclusive scan of one value per lane.

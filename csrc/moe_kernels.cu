@@ -99,6 +99,7 @@ struct Ctx {
   bool whole_combine = false;  // combine_whole: send and receive on the caller's stream (PDL) where the
                                // receive would overlap the send (round 36; off by default)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
+  bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -358,6 +359,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
     }
   }
   if (p->ce_send) {
+    // Round 38: the flag kernel's flags by relaxed stores behind its one fence; =0 a release each.
+    cx->ce_flag_fence = env_switch("MOE_BACKEND_NVSHMEM_CE_FLAG_FENCE", true);
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
     // MOE_BACKEND_NVSHMEM_CE_DECAY=d (0 < d <= 1): chunks that shrink by d, so the last chunk,
@@ -653,7 +656,7 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
     }
     CUDA_OK(cudaEventRecord(cx.ce_done[c], copy));
     CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
-    ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests);
+    ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests, cx.ce_flag_fence);
     CUDA_OK(cudaGetLastError());
   }
   CUDA_OK(cudaEventRecord(cx.ce_join, cx.ce_flags));
