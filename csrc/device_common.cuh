@@ -50,7 +50,8 @@ struct Params {
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
-  unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND)
+  unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
+                                // set by the host: derived in the send it cost 8 B of spill
   char* sym;  // this PE's symmetric arena (same offsets on every PE)
   long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
   unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine

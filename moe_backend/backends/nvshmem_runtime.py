@@ -42,13 +42,14 @@ def _up(x: int, a: int = 16) -> int:
     return (x + a - 1) // a * a
 
 
-def row_sizes(spec: CommSpec) -> dict[str, int]:
+def row_sizes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
     """Bytes of one dispatch slot (x row + fp8 scales), one routing table, one combine partial."""
     row = spec.hidden * spec.in_dtype.itemsize
     scale = spec.num_scales * 4
-    # Arenas whose table fits the direct receive's one portion have room for the rows in
-    # round-tagged words too (twice the bytes; LL_ROWS, round 38); their slots are few.
-    tagged = 2 if spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES else 1
+    # nvlink arenas whose table fits the direct receive's one portion have room for the rows in
+    # round-tagged words too (twice the bytes; LL_ROWS, round 38; put never tags its rows).
+    small = spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
+    tagged = 2 if transport == "nvlink" and small else 1
     return {
         "row_bytes": row,
         "scale_bytes": scale,
@@ -70,14 +71,14 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
                                            then count[E] int32, written by the direct receive's senders;
                                            or all of it in round-tagged 8-byte words, twice the bytes)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales; twice
-                                           that in arenas with room for round-tagged rows)
+                                           that in nvlink arenas with room for round-tagged rows)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
     """
     if transport not in ("put", "nvlink"):
         raise ValueError(f"transport must be 'put' or 'nvlink' here, got {transport!r}")
     W, G, M = spec.world_size, spec.num_groups, spec.max_num_tokens
-    s = row_sizes(spec)
+    s = row_sizes(spec, transport)
     sizes = {
         "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
@@ -270,7 +271,7 @@ class Arena:
                                  device=device)
         self.err = torch.zeros(4, dtype=torch.int32, pin_memory=True)
         self._err_flag = self.err.numpy()  # numpy view of the pinned word: ~0.1 us to read vs ~1.3 us for err[0]
-        s = row_sizes(spec)
+        s = row_sizes(spec, transport)
         out_code = _DTYPE_CODE[spec.out_dtype]
         lay = self.layout
         cfg = [

@@ -19,10 +19,12 @@ def test_buffer_bytes_without_extension():
 
     spec = CommSpec(256, 8, 7168, 128, 2)
     b = buffer_bytes(spec, "put")
-    # The decode arena's slots have room for round-tagged rows (twice a bf16 row, LL_ROWS); the
-    # prefill arena's (a table past one 8 KB portion: no direct receive) hold plain rows.
-    assert b["dispatch"] == 2 * 128 * (2 * 7168 * 2) and b["combine"] == 2 * 128 * 7168 * 2
-    assert buffer_bytes(CommSpec(256, 8, 7168, 4096, 2), "put")["dispatch"] == 2 * 4096 * 7168 * 2
+    # The decode arena's nvlink slots have room for round-tagged rows (twice a bf16 row, LL_ROWS);
+    # put's (it never tags rows) and the prefill arena's (a table past one 8 KB portion: no direct
+    # receive) hold plain rows.
+    assert buffer_bytes(spec, "nvlink")["dispatch"] == 2 * 128 * (2 * 7168 * 2)
+    assert b["dispatch"] == 2 * 128 * 7168 * 2 and b["combine"] == 2 * 128 * 7168 * 2
+    assert buffer_bytes(CommSpec(256, 8, 7168, 4096, 2), "nvlink")["dispatch"] == 2 * 4096 * 7168 * 2
     assert buffer_bytes(spec, "nvlink")["staging"] == 0
     lay = layout(spec, "put")
     assert lay["symmetric_total"] >= sum(b[k] for k in ("signals", "tables", "dispatch", "combine", "staging"))

@@ -169,7 +169,7 @@ def _self_send_worker(seed: int, self_send: bool) -> None:
                 x = torch.randn(n, 128, generator=gen).to(torch.bfloat16).to(device)
                 result = comm.dispatch(x, ids)
                 torch.cuda.synchronize(device)
-                arena, sizes = comm.backend.arena, rt.row_sizes(spec)
+                arena, sizes = comm.backend.arena, rt.row_sizes(spec, transport)
                 # Token t's flag is signal W + G + t, its slot [0][t] a row of slot_bytes.
                 first_flag = arena.layout["off_signals"] + 8 * (spec.world_size + spec.num_groups)
                 flags = _arena_words(arena, first_flag, tokens, "<i8")
