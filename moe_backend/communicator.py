@@ -53,7 +53,7 @@ class Communicator:
             raise TypeError(f"check_inputs must be True or False, got {check_inputs!r}")
         self.spec = spec
         self.group = group
-        self.device = _checked_device(device) if device is not None else _default_device()
+        self.device = _checked_device(device) if device is not None else _default_device(backend)
         self.check_inputs = check_inputs
         self.rank = rank
         self.id = next(_ids)
@@ -246,7 +246,9 @@ def _agree(spec: CommSpec, backend: str, options: dict[str, Any], group: dist.Pr
                          f"{every[odd[0]]} vs {every[0]}")
 
 
-def _default_device() -> torch.device:
-    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+def _default_device(backend: str) -> torch.device:
+    """The current CUDA device under NCCL, or for the nvshmem backend (it runs only there, under
+    any process group); else the CPU."""
+    if torch.cuda.is_available() and (dist.get_backend() == "nccl" or backend == "nvshmem"):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

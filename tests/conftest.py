@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ def gpus_needed(marker: pytest.Mark) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     have = torch.cuda.device_count()
+    if have and os.environ.get("MOE_TEST_SHARED_GPU", "0") == "1":
+        have = max(have, int(os.environ.get("MOE_TEST_WORLD", "2")))  # ranks share a GPU (tests/gpu/_workers.py)
     for item in items:
         marker = item.get_closest_marker("gpu")  # the marker, not the folder name
         need = gpus_needed(marker) if marker is not None else 0

@@ -24,15 +24,14 @@ def run_cases(backend: str, cases: list[Case], options: dict | None = None) -> i
     return len(cases)
 
 
-def _inputs(spec: CommSpec, seed: int = 3):
-    """Valid inputs for every row (same on all ranks of a group)."""
+def _inputs(spec: CommSpec, device: torch.device, seed: int = 3):
+    """Valid inputs for every row (same on all ranks of a group), on the communicator's `device`."""
     gen = torch.Generator().manual_seed(seed + torch.distributed.get_rank() // spec.tp_size)
     rows = spec.max_num_tokens - 2
     x = torch.randn(rows, spec.hidden, generator=gen).to(spec.in_dtype)
     ids = torch.rand(rows, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk]
     w = torch.rand(rows, spec.topk, generator=gen)
     s = torch.rand(rows, spec.num_scales, generator=gen) if spec.in_dtype == FP8 else None
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl" else "cpu"
     return [None if t is None else t.to(device) for t in (x, ids, w, s)], device
 
 
@@ -54,7 +53,7 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     Returns how many were refused (BAD_INPUTS_CPU on CPU; one more on a GPU: a CPU tensor)."""
     spec = make_spec(in_dtype=FP8, out_dtype=torch.bfloat16, scale_block_size=16)
     comm = Communicator(spec, backend=backend, **(options or {}))
-    (x, ids, w, s), device = _inputs(spec)
+    (x, ids, w, s), device = _inputs(spec, comm.device)
     T = x.shape[0]
     E = spec.num_experts
     checks = 0
@@ -95,7 +94,7 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     check(TypeError, r"x must be a dense \(strided\) tensor, got layout torch.sparse_coo", x=x.float().to_sparse())
     check(ValueError, r"topk_weights requires grad, but Communicator is not differentiable",
           topk_weights=w.clone().requires_grad_())
-    if device != "cpu":
+    if device.type != "cpu":
         check(ValueError, r"x must be on", x=x.cpu())
 
     # Still usable: a valid round goes through after all the rejected calls.
@@ -150,7 +149,7 @@ def failed_receive_ends_round(backend: str) -> None:
     combine that fails in its backend."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend=backend)
-    (x, ids, w, _), _ = _inputs(spec, seed=41)
+    (x, ids, w, _), _ = _inputs(spec, comm.device, seed=41)
     real = comm.backend.dispatch_recv
 
     def failing(*args):
@@ -184,7 +183,7 @@ def split_phases(backend: str, options: dict | None = None) -> None:
     the split phases through `dispatch_send`, and both give the same rows."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend=backend, **(options or {}))
-    (x, ids, w, _), device = _inputs(spec, seed=11)
+    (x, ids, w, _), device = _inputs(spec, comm.device, seed=11)
     calls: list[str] = []
 
     def counted(name: str) -> None:
@@ -243,7 +242,7 @@ def padded_view(backend: str, options: dict | None = None) -> None:
     for dtypes in (DTYPE_COMBOS[0], DTYPE_COMBOS[3]):
         spec = make_spec(**dtypes)
         comm = Communicator(spec, backend=backend, **(options or {}))
-        (x, ids, w, s), _ = _inputs(spec, seed=21)
+        (x, ids, w, s), _ = _inputs(spec, comm.device, seed=21)
         result = comm.dispatch(x, ids, w, s)
         batches = result.padded()
         assert batches.shape == (spec.num_local_experts, spec.expert_capacity, spec.hidden), batches.shape
@@ -264,7 +263,7 @@ def host_valid_rows(backend: str, options: dict | None = None) -> None:
     """With the valid row count known on the host, combine takes just those rows, bit for bit."""
     spec = make_spec(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
     comm = Communicator(spec, backend=backend, **(options or {}))
-    (x, ids, w, _), _ = _inputs(spec, seed=31)
+    (x, ids, w, _), _ = _inputs(spec, comm.device, seed=31)
     # Round 1: every row of the result (rows past the total are unspecified; combine ignores them).
     full = comm.dispatch(x, ids, w)
     rows, known = full.tokens.shape[0], full.handle.host_valid_rows

@@ -22,6 +22,17 @@ def test_random_cases_fit_the_world(world: int) -> None:
     assert tps == ({1, 2, 4} if world >= 4 else {1, 2}), tps
 
 
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_random_cases_fit_kernels_sized_for_few_sms(world: int) -> None:
+    """With `sources` (1024 per SM of the kernels' num_sms) every arena fits: the prefill-sized
+    cases shrink where groups x tokens would pass it, and keep their tokens where not."""
+    full = _workers.random_cases(seed=7, count=8, world=world)
+    few = _workers.random_cases(seed=7, count=8, world=world, sources=4096)
+    for a, b in zip(full, few, strict=True):
+        assert b.spec.max_num_tokens == min(a.spec.max_num_tokens, 4096 // a.spec.num_groups)
+    assert any(b.spec != a.spec for a, b in zip(full, few, strict=True)) == (world > 2)
+
+
 def test_gpu_world_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MOE_TEST_WORLD", raising=False)
     assert _workers.gpu_world() == 2

@@ -35,7 +35,24 @@ def gpu_world() -> int:
     return world
 
 
-def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
+def shared_gpu() -> bool:
+    """MOE_TEST_SHARED_GPU=1: every rank on the one visible GPU (NVSHMEM's multiple PEs per
+    GPU; its P2P transport maps a PE of the same device), over gloo, since NCCL refuses two
+    ranks on one device. The GPU time-slices the ranks' kernels, so each cross-rank wait may
+    last a time slice: a check of the multi-rank kernel paths' results where only one GPU is
+    lent, never of their speed."""
+    return os.environ.get("MOE_TEST_SHARED_GPU", "0") == "1"
+
+
+def dist_backend() -> str:
+    """The process group of the multi-GPU tests: NCCL, or gloo on a shared GPU."""
+    return "gloo" if shared_gpu() else "nccl"
+
+
+def random_cases(seed: int, count: int, world: int = 2, sources: int | None = None) -> list[Case]:
+    """`count` random cases, then fixed DeepSeek-like and prefill-sized ones, for `world` ranks.
+    `sources`: the most source tokens (groups x max_num_tokens) an arena may hold (the nvshmem
+    backend's 1024 per SM of `num_sms`); the prefill-sized cases take fewer tokens to fit."""
     rng = random.Random(seed)
     cases = []
     tps = [1, 1, 2] + ([4] if world % 4 == 0 else [])  # attention-TP replicas sharing a group
@@ -61,10 +78,14 @@ def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
                       seed * 1000 + 998, True, "tensor"))
     cases.append(Case(CommSpec(256, 8, 7168, 64, world), "skewed", seed * 1000 + 999, False, "int"))
     # Prefill-sized rounds: several tokens per send block, copy warp and combine warp.
-    cases.append(Case(CommSpec(8, 2, 512, 1500, world), "uniform", seed * 1000 + 996, True, "tensor"))
-    cases.append(Case(CommSpec(16, 4, 1024, 1100, world, tp_size=2, in_dtype=FP8, scale_block_size=128,
-                               out_dtype=torch.float16, combine_in_float32=True), "skewed", seed * 1000 + 997, True,
-                      "int"))
+    def tokens(m: int, groups: int) -> int:
+        return m if sources is None else min(m, sources // groups)
+
+    cases.append(Case(CommSpec(8, 2, 512, tokens(1500, world), world), "uniform", seed * 1000 + 996, True,
+                      "tensor"))
+    cases.append(Case(CommSpec(16, 4, 1024, tokens(1100, world // 2), world, tp_size=2, in_dtype=FP8,
+                               scale_block_size=128, out_dtype=torch.float16, combine_in_float32=True), "skewed",
+                      seed * 1000 + 997, True, "int"))
     if world % 4 == 0:  # four replicas per group, at least once
         cases.append(Case(CommSpec(8 * world, 4, 256, 40, world, tp_size=4), "uniform", seed * 1000 + 995, True, "int"))
     return cases
@@ -72,8 +93,9 @@ def random_cases(seed: int, count: int, world: int = 2) -> list[Case]:
 
 def contract_worker(seed: int, count: int, transports: tuple[str, ...], **options: Any) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
+    sources = 1024 * options["num_sms"] if options.get("num_sms") else None  # the arena's limit
     for transport in transports:
-        for case in random_cases(seed, count, world):
+        for case in random_cases(seed, count, world, sources):
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, **options)
             try:
                 run_case(comm, case)
@@ -86,8 +108,8 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...], **option
             # The reference on NCCL, same case: both equal the oracle, hence each other.
             run_case(Communicator(case.spec, backend="reference"), case)
     if rank == 0:
-        print(f"contract: {2 * len(transports) * len(random_cases(seed, count, world))} cases ok on {world} ranks, "
-              f"seed={seed}", flush=True)
+        n = 2 * len(transports) * len(random_cases(seed, count, world, sources))
+        print(f"contract: {n} cases ok on {world} ranks, seed={seed}", flush=True)
 
 
 def rounds_worker(seed: int, transport: str, rounds: int, tokens: int = 40, **options: Any) -> None:
