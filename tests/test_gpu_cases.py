@@ -48,5 +48,9 @@ def test_gpu_marker_names_how_many_gpus() -> None:
 
     assert gpus_needed(pytest.mark.gpu.mark) == 2
     assert gpus_needed(pytest.mark.gpu(gpus=1).mark) == 1
+    # Ranks sharing one GPU: only tests marked shared=True run on one.
+    assert gpus_needed(pytest.mark.gpu(shared=True).mark, sharing=True) == 1
+    assert gpus_needed(pytest.mark.gpu(shared=True).mark) == 2
+    assert gpus_needed(pytest.mark.gpu(gpus=4).mark, sharing=True) == 4
     with pytest.raises(ValueError, match="gpus must be an int >= 1"):
         gpus_needed(pytest.mark.gpu(gpus=0).mark)

@@ -19,7 +19,7 @@ from moe_backend import launch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workers  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpu(shared=True)  # MOE_TEST_SHARED_GPU=1: every rank on one GPU
 
 
 def _ext_missing() -> str | None:
