@@ -105,7 +105,8 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...], **option
                 raise AssertionError(f"[{transport}] {case.describe()}: {err}") from err
             finally:
                 comm.close()
-            # The reference on NCCL, same case: both equal the oracle, hence each other.
+            # The reference backend, same case (on the GPU over NCCL, on the CPU over gloo when the
+            # ranks share a GPU): both equal the oracle, hence each other.
             run_case(Communicator(case.spec, backend="reference"), case)
     if rank == 0:
         n = 2 * len(transports) * len(random_cases(seed, count, world, sources))
