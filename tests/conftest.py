@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+from _workers import shared_gpu  # noqa: E402  (the GPU tests' own switch, read the same way)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,7 +29,7 @@ def gpus_needed(marker: pytest.Mark, sharing: bool = False) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     have = torch.cuda.device_count()
-    sharing = os.environ.get("MOE_TEST_SHARED_GPU", "0") == "1"  # tests/gpu/_workers.py: shared_gpu
+    sharing = shared_gpu()
     for item in items:
         marker = item.get_closest_marker("gpu")  # the marker, not the folder name
         need = gpus_needed(marker, sharing) if marker is not None else 0

@@ -42,7 +42,7 @@ def _up(x: int, a: int = 16) -> int:
     return (x + a - 1) // a * a
 
 
-def row_sizes(spec: CommSpec, transport: str = "put") -> dict[str, int]:
+def row_sizes(spec: CommSpec, transport: str) -> dict[str, int]:
     """Bytes of one dispatch slot (x row + fp8 scales), one routing table, one combine partial."""
     row = spec.hidden * spec.in_dtype.itemsize
     scale = spec.num_scales * 4
@@ -143,14 +143,20 @@ def combine_flags_per_rank(spec: CommSpec) -> int:
     return max(spec.max_num_tokens, combine_items() // spec.num_groups)
 
 
+# Source tokens (groups x max_num_tokens) an arena takes per SM of its kernels' num_sms: the
+# dispatch receive's plan block holds one chunk of at most this many tokens, one block per SM.
+MAX_SOURCES_PER_SM = 1024
+
+
 def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
     """(tokens per block, blocks) of the dispatch-receive kernel: at most one block per SM."""
     tokens = spec.num_groups * spec.max_num_tokens
-    chunk = min(1024, 32 * -(-tokens // (32 * num_sms)))
+    chunk = min(MAX_SOURCES_PER_SM, 32 * -(-tokens // (32 * num_sms)))
     nchunks = -(-tokens // chunk)
     if nchunks > num_sms:
         raise ValueError(
-            f"num_groups*max_num_tokens={tokens} exceeds {num_sms * 1024} (1024 per SM) for the nvshmem backend"
+            f"num_groups*max_num_tokens={tokens} exceeds {num_sms * MAX_SOURCES_PER_SM} "
+            f"({MAX_SOURCES_PER_SM} per SM) for the nvshmem backend"
         )
     return chunk, nchunks
 

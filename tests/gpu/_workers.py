@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.communicator import Communicator
 from moe_backend.spec import FP8, CommSpec
 from moe_backend.testing import (
@@ -52,7 +53,7 @@ def dist_backend() -> str:
 def random_cases(seed: int, count: int, world: int = 2, sources: int | None = None) -> list[Case]:
     """`count` random cases, then fixed DeepSeek-like and prefill-sized ones, for `world` ranks.
     `sources`: the most source tokens (groups x max_num_tokens) an arena may hold (the nvshmem
-    backend's 1024 per SM of `num_sms`); the prefill-sized cases take fewer tokens to fit."""
+    backend's MAX_SOURCES_PER_SM per SM of `num_sms`); the prefill-sized cases take fewer tokens to fit."""
     rng = random.Random(seed)
     cases = []
     tps = [1, 1, 2] + ([4] if world % 4 == 0 else [])  # attention-TP replicas sharing a group
@@ -93,7 +94,7 @@ def random_cases(seed: int, count: int, world: int = 2, sources: int | None = No
 
 def contract_worker(seed: int, count: int, transports: tuple[str, ...], **options: Any) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    sources = 1024 * options["num_sms"] if options.get("num_sms") else None  # the arena's limit
+    sources = rt.MAX_SOURCES_PER_SM * options["num_sms"] if options.get("num_sms") else None  # the arena's limit
     for transport in transports:
         for case in random_cases(seed, count, world, sources):
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, **options)
