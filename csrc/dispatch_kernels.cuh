@@ -173,10 +173,11 @@ __device__ __forceinline__ int warp_scan_runs(const int* totals, int L, int lane
 
 // What the receive's block 0 (plan or direct kernel) publishes once the layout is known: the
 // total row count, and the state of the kernels that follow.
+// The ranked receive keeps its running work counter (it resets it at its end).
 __device__ __forceinline__ void publish_round(const Params& p, int64_t* offs, int L, int total,
-                                              unsigned long long round, const int* sh_n) {
+                                              unsigned long long round, const int* sh_n, bool reset_copy = true) {
   offs[L] = total;
-  p.state[5] = 0;      // the copy kernel's work counter (it runs after the plan, same stream)
+  if (reset_copy) p.state[5] = 0;  // the copy kernel's work counter (it runs after the plan, same stream)
   p.state[6] = round;  // this round's number for the combine kernels (see combine_round)
   p.state[2] = 0;      // the fused combine's send and receive work counters (its round
   p.state[7] = 0;      // always follows this receive)
@@ -906,6 +907,192 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, Sen
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
   stamp_exit(ST_RECV_START);
   dispatch_direct_body<LL, ROWS>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
+  stamp_exit(ST_COPY);
+}
+
+// ---------------------------------------------------------------------------------------
+// Ranked receive (round 39; p.ranked: large nvlink arenas, whose copy takes a work counter): the
+// plan's work without the plan kernel. The senders' ranked tables (ranked_count_off) carry each
+// id's rank within its portion and each portion's counts, so every block, once the tables are
+// in, scans the counts of this rank's experts into its shared memory: the first row of each
+// (group, expert) and, per (group, portion, expert), the group's rows before that portion. Then
+// its warps take tokens from the work counter as the copy kernel does, place each token's rows
+// (writing the metadata and the row map, the plan's phase 2) and copy it. Saves the plan's masks,
+// count matrix, grid barrier and launch between the tables and the first row copied.
+// Dynamic shared memory: the bulk copy's mbarriers and row buffers (BULK), then ranked_smem's.
+__host__ __device__ inline int ranked_threads_per_expert(const Params& p) {  // the scan's count loaders
+  const int r = NTHREADS / p.L;
+  const int np = table_portions(p);
+  return r < 1 ? 1 : (r > np ? np : r);
+}
+// Bytes: base [G + 1][L] int32 (row G: totals), before [G * portions][L] uint16 (rows of the group's
+// earlier portions: < M <= 65535), part [G][R][L] int32 (the scan's partial sums).
+__host__ __device__ inline long long ranked_smem(const Params& p) {
+  const long long gl = (long long)p.G * p.L;
+  return (gl + p.L) * 4 + ((gl * table_portions(p) * 2 + 15) & ~15LL) + gl * ranked_threads_per_expert(p) * 4;
+}
+constexpr int RANKED_BATCH = 8;  // count loads in flight per thread
+
+template <bool BULK>
+__global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, DirectOut o, const char* __restrict__ x,
+                                                                      const char* __restrict__ xscale, int xrows,
+                                                                      int bulk_warps) {
+  stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
+  extern __shared__ __align__(128) unsigned long long ranked_dsm[];
+  __shared__ int sh_rows[NWARPS][64];
+  __shared__ int sh_n[MAXW], sh_per[MAXW];
+  const unsigned long long round = p.state[0] + 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = p.L, topk = p.topk, M = p.M, G = p.G, E = p.E, np = table_portions(p);
+  const long long bulk_bytes = BULK ? copy_bulk_buffer_offset(p, bulk_warps) : 0;
+  int* base = reinterpret_cast<int*>(reinterpret_cast<char*>(ranked_dsm) + bulk_bytes);
+  unsigned short* before = reinterpret_cast<unsigned short*>(base + (G + 1) * L);
+  int* part = reinterpret_cast<int*>(reinterpret_cast<char*>(before) + (((long long)G * np * L * 2 + 15) & ~15LL));
+  const char* tbl = p.sym + p.off_tables;
+  const int R = ranked_threads_per_expert(p), per_r = (np + R - 1) / R;
+
+  if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
+  if (tid < G) {
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * np, PH_DISPATCH_RECV, tid * p.tp, round);
+    const int n = *reinterpret_cast<const volatile int*>(tbl + (long long)tid * p.table_bytes);
+    sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
+    sh_per[tid] = ((sh_n[tid] + np - 1) / np + 3) & ~3;  // table_portion_range's portion size
+  }
+  __syncthreads();
+  if (warp == 0) stamp_exit(ST_PLAN_WAITED);
+  // Scan 1: thread (e, r) loads expert e's counts of portions [r * per_r, ...) of each group (all
+  // its loads in flight together), keeps their running sum within its share and its share's total.
+  for (int c = tid; c < L * R; c += blockDim.x) {
+    const int e = c % L, r = c / L, j0 = r * per_r, j1 = min(np, j0 + per_r);
+    for (int g = 0; g < G; ++g) {
+      const int* cnt = reinterpret_cast<const int*>(tbl + (long long)g * p.table_bytes + ranked_count_off(p)) +
+                       p.rank * L + e;
+      int run = 0;
+      for (int jb = j0; jb < j1; jb += RANKED_BATCH) {
+        int v[RANKED_BATCH];
+#pragma unroll
+        for (int u = 0; u < RANKED_BATCH; ++u) v[u] = jb + u < j1 ? __ldcg(cnt + (long long)(jb + u) * E) : 0;
+#pragma unroll
+        for (int u = 0; u < RANKED_BATCH; ++u)
+          if (jb + u < j1) {
+            before[((long long)g * np + jb + u) * L + e] = (unsigned short)run;
+            run += v[u];
+          }
+      }
+      part[(g * R + r) * L + e] = run;
+    }
+  }
+  __syncthreads();
+  // Scan 2: per expert, the shares' offsets within each group and the groups' bases.
+  for (int e = tid; e < L; e += blockDim.x) {
+    int acc = 0;
+    for (int g = 0; g < G; ++g) {
+      base[g * L + e] = acc;
+      int in_group = 0;
+      for (int r = 0; r < R; ++r) {
+        const int v = part[(g * R + r) * L + e];
+        part[(g * R + r) * L + e] = in_group;
+        in_group += v;
+      }
+      acc += in_group;
+    }
+    base[G * L + e] = acc;
+  }
+  __syncthreads();
+  // The shares' offsets into `before`; warp 0 meanwhile scans the totals into the offsets.
+  for (int c = tid; c < L * R; c += blockDim.x) {
+    const int e = c % L, r = c / L, j0 = r * per_r, j1 = min(np, j0 + per_r);
+    for (int g = 0; g < G; ++g) {
+      const int add = part[(g * R + r) * L + e];
+      if (add)
+        for (int j = j0; j < j1; ++j) before[((long long)g * np + j) * L + e] += (unsigned short)add;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the totals, as in the plan
+    int e0, e1, off;
+    const int incl = warp_scan_runs(base + G * L, L, lane, e0, e1, off);
+    for (int e = e0; e < e1; ++e) {
+      const int col = base[G * L + e];
+      if (blockIdx.x == 0) {
+        o.tpe[e] = col;
+        o.offs[e] = off;
+      }
+      for (int g = 0; g < G; ++g) base[g * L + e] += off;
+      off += col;
+    }
+    if (blockIdx.x == 0 && lane == 31) publish_round(p, o.offs, L, incl, round, sh_n, false);
+  }
+  __syncthreads();
+  if (warp == 0) stamp_exit(ST_PLAN_BARRIER);
+
+  unsigned buf = 0, bar = 0, parity = 0;
+  const bool copies = !BULK || warp < bulk_warps;  // the other warps have no row buffer
+  if constexpr (BULK) {
+    if (copies) {
+      bar = smem_addr(ranked_dsm + warp);
+      buf = smem_addr(ranked_dsm) + (unsigned)copy_bulk_buffer_offset(p, warp);
+      if (lane == 0) {
+        mbar_init(ranked_dsm + warp, 1);
+        mbar_init_fence();
+      }
+      __syncwarp();
+    }
+  }
+  const int total = G * M;
+  const long long rows_out = (long long)total * (topk < L ? topk : L);
+  while (copies) {
+    unsigned long long next = 0;
+    if (lane == 0) next = atomicAdd(&p.state[5], 1ULL);
+    next = __shfl_sync(0xffffffffu, next, 0);
+    if (next >= (unsigned long long)total) break;
+    int gg, tt;
+    item_token(p, (int)next, gg, tt);
+    const long long uu = (long long)gg * M + tt;
+    const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
+    const int* tids = reinterpret_cast<const int*>(tbl + (long long)gg * p.table_bytes + table_token_off(p, tt));
+    const int jp = live ? tt / sh_per[gg] : 0;
+    int nk = 0;
+    for (int k0 = 0; k0 < topk; k0 += 32) {
+      const int k = k0 + lane;
+      int row = -1;
+      if (k < topk && live) {
+        const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
+        const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
+        if (e >= 0 && e < L) row = base[gg * L + e] + before[((long long)gg * np + jp) * L + e] + (v >> 16);
+      }
+      const bool ok = row >= 0 && row < rows_out;  // range-checked: a timed-out round reads garbage
+      if (k < topk) {
+        p.rowmap[uu * topk + k] = ok ? row : -1;
+        if (ok) {
+          o.sg[row] = gg;
+          o.stok[row] = tt;
+          o.sk[row] = k;
+          if (o.weights) o.weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+        }
+      }
+      const unsigned b = __ballot_sync(0xffffffffu, ok);
+      if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+      nk += __popc(b);
+    }
+    __syncwarp();
+    if constexpr (BULK)
+      copy_token_bulk(p, o.tokens, o.scales, x, xscale, sh_rows[warp], nk, gg, tt, round, lane, buf, bar, parity);
+    else
+      copy_token_piece(p, o.tokens, o.scales, x, xscale, sh_rows[warp], nk, gg, tt, 0, 1, round, lane);
+    __syncwarp();  // sh_rows is rewritten by the next token
+  }
+  if constexpr (BULK)
+    if (copies && lane == 0) bulk_wait_all();  // the rows written before the kernel ends
+  // The last block out resets the work counter for the next round (every block has drawn its last).
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    if (atomicAdd(&p.state[9], 1ULL) == (unsigned long long)gridDim.x - 1) {
+      p.state[5] = 0;
+      p.state[9] = 0;
+    }
+  }
   stamp_exit(ST_COPY);
 }
 
