@@ -540,9 +540,18 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
   if (msk) {  // a bit per (expert, token of the portion); ~1K ids a portion at the prefill shape
     for (int i = tid; i < E * words; i += nt) msk[i] = 0;
     __syncthreads();
-    for (long long i = tid; i < ne; i += nt) {
-      const int id = ids[e0 + i], lt = (int)(i / topk);
-      if (id >= 0 && id < E) atomicOr(&msk[id * words + (lt >> 5)], 1u << (lt & 31));
+    // RANK_LOADS ids loaded before they are marked: one after another, each load waited for
+    // the atomic before it (round 39: the table's blocks took 12.4 us against 7.6).
+    constexpr int RANK_LOADS = 8;
+    for (long long i0 = tid; i0 < ne; i0 += (long long)RANK_LOADS * nt) {
+      int id[RANK_LOADS];
+#pragma unroll
+      for (int u = 0; u < RANK_LOADS; ++u) id[u] = i0 + u * nt < ne ? __ldg(ids + e0 + i0 + u * nt) : -1;
+#pragma unroll
+      for (int u = 0; u < RANK_LOADS; ++u) {
+        const int lt = (int)((i0 + u * nt) / topk);
+        if (id[u] >= 0 && id[u] < E) atomicOr(&msk[id[u] * words + (lt >> 5)], 1u << (lt & 31));
+      }
     }
     __syncthreads();
   }

@@ -925,12 +925,27 @@ __host__ __device__ inline int ranked_threads_per_expert(const Params& p) {  // 
   const int np = table_portions(p);
   return r < 1 ? 1 : (r > np ? np : r);
 }
-// Bytes: base [G + 1][L] int32 (row G: totals), before [G * portions][L] uint16 (rows of the group's
-// earlier portions: < M <= 65535), part [G][R][L] int32 (the scan's partial sums).
-__host__ __device__ inline long long ranked_smem(const Params& p) {
+// Its arrays after the bulk copy's `bulk_bytes`: base [G + 1][L] int32 (row G: totals), before
+// [G * portions][L] uint16 (rows of the group's earlier portions: < M <= 65535), and part [G][R][L]
+// int32 (the scan's partial sums), which lies in the row buffers (free until the scan ends)
+// where they have the room.
+struct RankedSmem {
+  long long base, before, part, total;
+};
+__host__ __device__ inline RankedSmem ranked_smem_layout(const Params& p, long long bulk_bytes) {
   const long long gl = (long long)p.G * p.L;
-  return (gl + p.L) * 4 + ((gl * table_portions(p) * 2 + 15) & ~15LL) + gl * ranked_threads_per_expert(p) * 4;
+  const long long base_b = (gl + p.L) * 4, before_b = (gl * table_portions(p) * 2 + 15) & ~15LL;
+  const long long part_b = gl * ranked_threads_per_expert(p) * 4;
+  const bool overlay = bulk_bytes - 128 >= part_b;
+  RankedSmem s;
+  s.base = bulk_bytes;
+  s.before = s.base + base_b;
+  s.part = overlay ? 128 : s.before + before_b;
+  s.total = s.before + before_b + (overlay ? 0 : part_b);
+  return s;
 }
+// All three arrays' bytes (create_ctx's limit).
+__host__ __device__ inline long long ranked_smem(const Params& p) { return ranked_smem_layout(p, 0).total; }
 constexpr int RANKED_BATCH = 8;  // count loads in flight per thread
 
 template <bool BULK>
@@ -944,10 +959,11 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, 
   const unsigned long long round = p.state[0] + 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = p.L, topk = p.topk, M = p.M, G = p.G, E = p.E, np = table_portions(p);
-  const long long bulk_bytes = BULK ? copy_bulk_buffer_offset(p, bulk_warps) : 0;
-  int* base = reinterpret_cast<int*>(reinterpret_cast<char*>(ranked_dsm) + bulk_bytes);
-  unsigned short* before = reinterpret_cast<unsigned short*>(base + (G + 1) * L);
-  int* part = reinterpret_cast<int*>(reinterpret_cast<char*>(before) + (((long long)G * np * L * 2 + 15) & ~15LL));
+  const RankedSmem lay = ranked_smem_layout(p, BULK ? copy_bulk_buffer_offset(p, bulk_warps) : 0);
+  char* dsm = reinterpret_cast<char*>(ranked_dsm);
+  int* base = reinterpret_cast<int*>(dsm + lay.base);
+  unsigned short* before = reinterpret_cast<unsigned short*>(dsm + lay.before);
+  int* part = reinterpret_cast<int*>(dsm + lay.part);
   const char* tbl = p.sym + p.off_tables;
   const int R = ranked_threads_per_expert(p), per_r = (np + R - 1) / R;
 
@@ -960,26 +976,34 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, 
   }
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_WAITED);
-  // Scan 1: thread (e, r) loads expert e's counts of portions [r * per_r, ...) of each group (all
-  // its loads in flight together), keeps their running sum within its share and its share's total.
+  // Scan 1: thread (e, r) loads expert e's counts of portions [j0, j1) of every group (up to
+  // RANKED_BATCH in flight together) and keeps their running sum within its share of each group
+  // in `before`, and each share's total in `part`.
   for (int c = tid; c < L * R; c += blockDim.x) {
-    const int e = c % L, r = c / L, j0 = r * per_r, j1 = min(np, j0 + per_r);
-    for (int g = 0; g < G; ++g) {
-      const int* cnt = reinterpret_cast<const int*>(tbl + (long long)g * p.table_bytes + ranked_count_off(p)) +
-                       p.rank * L + e;
-      int run = 0;
-      for (int jb = j0; jb < j1; jb += RANKED_BATCH) {
-        int v[RANKED_BATCH];
+    const int e = c % L, r = c / L, j0 = min(np, r * per_r), nj = min(np, j0 + per_r) - j0;
+    auto counts = [&](int g) {
+      return reinterpret_cast<const int*>(tbl + (long long)g * p.table_bytes + ranked_count_off(p)) + p.rank * L + e;
+    };
+    if (nj == 0)
+      for (int g = 0; g < G; ++g) part[(g * R + r) * L + e] = 0;
+    int run = 0;
+    for (int i0 = 0; i0 < G * nj; i0 += RANKED_BATCH) {  // i = g * nj + (j - j0)
+      int v[RANKED_BATCH];
 #pragma unroll
-        for (int u = 0; u < RANKED_BATCH; ++u) v[u] = jb + u < j1 ? __ldcg(cnt + (long long)(jb + u) * E) : 0;
-#pragma unroll
-        for (int u = 0; u < RANKED_BATCH; ++u)
-          if (jb + u < j1) {
-            before[((long long)g * np + jb + u) * L + e] = (unsigned short)run;
-            run += v[u];
-          }
+      for (int u = 0; u < RANKED_BATCH; ++u) {
+        const int i = i0 + u;
+        v[u] = i < G * nj ? __ldcg(counts(i / nj) + (long long)(j0 + i % nj) * E) : 0;
       }
-      part[(g * R + r) * L + e] = run;
+#pragma unroll
+      for (int u = 0; u < RANKED_BATCH; ++u) {
+        const int i = i0 + u;
+        if (i >= G * nj) break;
+        const int g = i / nj, jj = i % nj;
+        if (jj == 0) run = 0;
+        before[((long long)g * np + j0 + jj) * L + e] = (unsigned short)run;
+        run += v[u];
+        if (jj == nj - 1) part[(g * R + r) * L + e] = run;
+      }
     }
   }
   __syncthreads();
@@ -999,9 +1023,9 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, 
     base[G * L + e] = acc;
   }
   __syncthreads();
-  // The shares' offsets into `before`; warp 0 meanwhile scans the totals into the offsets.
+  // The shares' offsets into `before`.
   for (int c = tid; c < L * R; c += blockDim.x) {
-    const int e = c % L, r = c / L, j0 = r * per_r, j1 = min(np, j0 + per_r);
+    const int e = c % L, r = c / L, j0 = min(np, r * per_r), j1 = min(np, j0 + per_r);
     for (int g = 0; g < G; ++g) {
       const int add = part[(g * R + r) * L + e];
       if (add)
@@ -1056,8 +1080,12 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, 
     for (int k0 = 0; k0 < topk; k0 += 32) {
       const int k = k0 + lane;
       int row = -1;
+      float wv = 0.0f;
       if (k < topk && live) {
         const int v = __ldcg(tids + k);  // (rank << 16) | id, or -1
+        // The weight's load goes with the id's: a store waits for its data, so loaded at the
+        // store it would add a round trip to every token's chain.
+        if (o.weights) wv = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
         const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
         if (e >= 0 && e < L) row = base[gg * L + e] + before[((long long)gg * np + jp) * L + e] + (v >> 16);
       }
@@ -1068,7 +1096,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_ranked_kernel(Params p, 
           o.sg[row] = gg;
           o.stok[row] = tt;
           o.sk[row] = k;
-          if (o.weights) o.weights[row] = __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+          if (o.weights) o.weights[row] = wv;
         }
       }
       const unsigned b = __ballot_sync(0xffffffffu, ok);

@@ -167,9 +167,12 @@ static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 3
 // blocks beside a receive block), the receive's scan RANKED_MAX_SMEM, and the receive block
 // RANKED_BLOCK_SMEM with the bulk copy's row buffers (192 KB + what the scan takes, within the
 // room round 33 left for the send and flag kernels' blocks beside it).
-constexpr size_t RANKED_MAX_SEND_SMEM = 8 * 1024;
+// 202 KB: 13 row buffers of DeepSeek's 14 KB rows beside the scan's 18 KB (the partial sums in
+// the row buffers); the block's ~4.5 KB of static shared memory and the driver's 1 KB leave ~17
+// KB of the SM's 228 KB for three send blocks (4 KB of masks + 1 KB each) and a flag kernel's.
+constexpr size_t RANKED_MAX_SEND_SMEM = 4 * 1024;
 constexpr long long RANKED_MAX_SMEM = 24 * 1024;
-constexpr long long RANKED_BLOCK_SMEM = 200 * 1024;
+constexpr long long RANKED_BLOCK_SMEM = 202 * 1024;
 static size_t ranked_send_smem(const Params& p) { return (size_t)p.E * ranked_mask_words(p) * 4; }
 static bool ranked_fits(const Params& p) {
   const bool dynamic = ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS > p.num_sms;
@@ -548,8 +551,13 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
       return true;
     }();
     (void)set;
-    const int bulk_warps = copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr(), RANKED_BLOCK_SMEM - ranked_smem(p));
-    const size_t smem = (size_t)((bulk_warps > 0 ? copy_bulk_buffer_offset(p, bulk_warps) : 0) + ranked_smem(p));
+    // The row buffers take what the scan's arrays leave, its partial sums among them where they fit.
+    const RankedSmem alone = ranked_smem_layout(p, 0);  // without row buffers: base, before, then part
+    int bulk_warps = copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr(), RANKED_BLOCK_SMEM - alone.part);
+    if (bulk_warps > 0 && ranked_smem_layout(p, copy_bulk_buffer_offset(p, bulk_warps)).part != 128)
+      bulk_warps = copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr(), RANKED_BLOCK_SMEM - alone.total);
+    const size_t smem =
+        (size_t)ranked_smem_layout(p, bulk_warps > 0 ? copy_bulk_buffer_offset(p, bulk_warps) : 0).total;
     (bulk_warps > 0 ? dispatch_ranked_kernel<true> : dispatch_ranked_kernel<false>)<<<p.num_sms, NTHREADS, smem,
                                                                                        stream>>>(
         p, direct_out(out), xp, xsp, (int)x.size(0), bulk_warps);
