@@ -48,7 +48,6 @@ struct Params {
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
-  int ranked;          // large nvlink arenas: the ranked table and one receive kernel, no plan (round 39)
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
   unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
@@ -60,7 +59,6 @@ struct Params {
                               // [5]=dispatch copy work counter [6]=round of the current combine
                               // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
                               // [8]=largest source-token count of this round (set by the plan)
-                              // [9]=ranked receive's finish counter (it resets [5] and [9] at its end)
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
@@ -502,20 +500,7 @@ __device__ __forceinline__ void table_portion_range(const Params& p, int n, int 
   t0 = min(n, j * per);
   t1 = min(n, t0 + per);
 }
-__host__ __device__ inline long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
-// The ranked table (p.ranked, round 39: the plan-free receive of large nvlink arenas): the table as
-// above, but each valid id carries its token's rank among the tokens of its portion routed to that
-// expert, (rank << 16) | id, and after the tokens come count[portions][E] int32 (each portion's
-// tokens per expert; portion j's row written by its block, at the experts' ranks only). The
-// receive then places every row without the plan's count matrix and grid barrier:
-// row = offset[e] + rows of earlier groups at e + rows of the group's earlier portions at e + rank.
-__host__ __device__ inline long long ranked_count_off(const Params& p) { return table_token_off(p, p.M); }
-// A portion's most tokens (table_portion_range at n = M) and its mask words per expert.
-__host__ __device__ inline int ranked_portion_tokens(const Params& p) {
-  const int np = table_portions(p);
-  return ((p.M + np - 1) / np + 3) & ~3;
-}
-__host__ __device__ inline int ranked_mask_words(const Params& p) { return (ranked_portion_tokens(p) + 31) / 32; }
+__device__ __forceinline__ long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
 // The direct table of round-tagged words (p.ll_table; st_tagged): the header {n, has_weights}
 // in one 16-byte store, then per (token, k) {packed id, weight} in one 16-byte store, then
 // count[E], 8 bytes each. Twice the untagged table's bytes (nvshmem_runtime.slot_sizes).
@@ -527,44 +512,13 @@ __host__ __device__ inline long long ll_count_off(const Params& p) { return 16 +
 // Write tokens [t0, t1) of the table (plus the header when t0 == 0 and head) at `nd`
 // destinations: the arena at table offset `toff` of every rank (to_peers, nvlink) or the
 // staging buffer `stage` (put). Block-cooperative; 16-byte vectors when topk % 4 == 0.
-// With `msk` (ranked table, nvlink: E * ranked_mask_words words of shared memory) the ids
-// carry their ranks within the portion, and portion j's counts go to the experts' ranks.
 __device__ void write_table_portion(const Params& p, bool to_peers, long long toff, char* stage,
                                     const int* __restrict__ ids, const float* __restrict__ w, int n, int t0, int t1,
-                                    bool head, unsigned* msk = nullptr, int j = 0) {
+                                    bool head) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
   const int nd = to_peers ? p.W : 1;
   const long long e0 = (long long)t0 * topk, ne = (long long)(t1 - t0) * topk;
   auto dest = [&](int r) -> char* { return to_peers ? p.peer[r] + toff : stage; };
-  const int words = msk ? ranked_mask_words(p) : 0;
-  if (msk) {  // a bit per (expert, token of the portion); ~1K ids a portion at the prefill shape
-    for (int i = tid; i < E * words; i += nt) msk[i] = 0;
-    __syncthreads();
-    // RANK_LOADS ids loaded before they are marked: one after another, each load waited for
-    // the atomic before it (round 39: the table's blocks took 12.4 us against 7.6).
-    constexpr int RANK_LOADS = 8;
-    for (long long i0 = tid; i0 < ne; i0 += (long long)RANK_LOADS * nt) {
-      int id[RANK_LOADS];
-#pragma unroll
-      for (int u = 0; u < RANK_LOADS; ++u) id[u] = i0 + u * nt < ne ? __ldg(ids + e0 + i0 + u * nt) : -1;
-#pragma unroll
-      for (int u = 0; u < RANK_LOADS; ++u) {
-        const int lt = (int)((i0 + u * nt) / topk);
-        if (id[u] >= 0 && id[u] < E) atomicOr(&msk[id[u] * words + (lt >> 5)], 1u << (lt & 31));
-      }
-    }
-    __syncthreads();
-  }
-  // A valid id as written: itself, or with its rank among the portion's tokens at that expert.
-  auto entry = [&](int id, long long t) -> int {
-    if (id < 0 || id >= E) return -1;
-    if (!msk) return id;
-    const int lt = (int)(t - t0);
-    const unsigned* m = msk + id * words;
-    int rank = __popc(m[lt >> 5] & ((1u << (lt & 31)) - 1));
-    for (int c = 0; c < (lt >> 5); ++c) rank += __popc(m[c]);
-    return (rank << 16) | id;
-  };
   const bool vec = (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   if (vec) {
@@ -574,11 +528,11 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
     for (long long v = tid; v < (ne >> 2); v += nt) {
       int4 a = __ldg(i4 + v);
       float4 b = w ? __ldg(w4 + v) : float4{};
+      a.x = (a.x >= 0 && a.x < E) ? a.x : -1;
+      a.y = (a.y >= 0 && a.y < E) ? a.y : -1;
+      a.z = (a.z >= 0 && a.z < E) ? a.z : -1;
+      a.w = (a.w >= 0 && a.w < E) ? a.w : -1;
       const long long t = t0 + v / q, o = table_token_off(p, (int)t) + (v % q) * 16;
-      a.x = entry(a.x, t);
-      a.y = entry(a.y, t);
-      a.z = entry(a.z, t);
-      a.w = entry(a.w, t);
       for (int r = 0; r < nd; ++r) {
         *reinterpret_cast<int4*>(dest(r) + o) = a;
         if (w) *reinterpret_cast<float4*>(dest(r) + o + topk * 4) = b;
@@ -586,7 +540,8 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
     }
   } else {
     for (long long i = tid; i < ne; i += nt) {
-      const int id = entry(ids[e0 + i], t0 + i / topk);
+      int id = ids[e0 + i];
+      id = (id >= 0 && id < E) ? id : -1;
       const float wv = w ? w[e0 + i] : 0.0f;
       const long long o = table_token_off(p, (int)(t0 + i / topk)) + (i % topk) * 4;
       for (int r = 0; r < nd; ++r) {
@@ -601,12 +556,6 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
       reinterpret_cast<int*>(dest(r))[1] = w ? 1 : 0;
     }
   }
-  if (msk)  // every portion's row, empty ones too: the receive reads them all
-    for (int e = tid; e < E; e += nt) {
-      int c = 0;
-      for (int i = 0; i < words; ++i) c += __popc(msk[e * words + i]);
-      *reinterpret_cast<int*>(dest(e / p.L) + ranked_count_off(p) + ((long long)j * E + e) * 4) = c;
-    }
 }
 
 // Portions j = block, block + grid, ... of this group's table, each announced to every rank.
@@ -777,7 +726,7 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
       if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
-      else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0, p.ranked ? msk : nullptr, j);
+      else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();  // (the next portion's masks, if this block writes another)
       if (p.direct && p.ll_table) {  // round-tagged words: nothing to announce
         if (threadIdx.x == 0) stamp_exit(ST_SEND_TABLE);

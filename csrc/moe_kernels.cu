@@ -162,24 +162,6 @@ static double dense_fraction(int E, int L, int topk) {
 // shared memory; one warp per item within one block per SM.
 constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
 static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
-// Ranked table and receive (round 39): large nvlink arenas (a copy with a work counter) without
-// the direct receive. The send's masks take RANKED_MAX_SEND_SMEM at most (SEND_BLOCKS_PER_SM
-// blocks beside a receive block), the receive's scan RANKED_MAX_SMEM, and the receive block
-// RANKED_BLOCK_SMEM with the bulk copy's row buffers (192 KB + what the scan takes, within the
-// room round 33 left for the send and flag kernels' blocks beside it).
-// 202 KB: 13 row buffers of DeepSeek's 14 KB rows beside the scan's 18 KB (the partial sums in
-// the row buffers); the block's ~4.5 KB of static shared memory and the driver's 1 KB leave ~17
-// KB of the SM's 228 KB for three send blocks (4 KB of masks + 1 KB each) and a flag kernel's.
-constexpr size_t RANKED_MAX_SEND_SMEM = 4 * 1024;
-constexpr long long RANKED_MAX_SMEM = 24 * 1024;
-constexpr long long RANKED_BLOCK_SMEM = 202 * 1024;
-static size_t ranked_send_smem(const Params& p) { return (size_t)p.E * ranked_mask_words(p) * 4; }
-static bool ranked_fits(const Params& p) {
-  const bool dynamic = ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS > p.num_sms;
-  return p.nvl && !p.direct && dynamic && p.E < 65536 && p.M < 65536 &&
-         p.table_bytes >= ranked_count_off(p) + (long long)table_portions(p) * p.E * 4 &&
-         ranked_send_smem(p) <= RANKED_MAX_SEND_SMEM && ranked_smem(p) <= RANKED_MAX_SMEM;
-}
 static bool direct_recv_fits(const Params& p, bool transport_ok) {
   const long long items = (long long)p.G * p.M * p.copy_pieces;
   return transport_ok && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
@@ -288,9 +270,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
   p->ll_table = p->direct && ll_on ? 1 : 0;
-  // Round 39: large nvlink arenas ship ranked tables and receive by one kernel (no plan); =0
-  // keeps the plan and copy kernels.
-  p->ranked = ranked_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_RANKED_TABLE", true) ? 1 : 0;
   // Round 38: with the tagged table on nvlink, the rows too in round-tagged words (twice the
   // bytes, no token flag to release or wait for), where the arena's slots have the room
   // (nvshmem_runtime.row_sizes) and rows and scales are 16-byte vectors (scales <= 512 B).
@@ -442,11 +421,11 @@ static bool copy_pdl(bool dynamic) {
 // depend on; 13 warps of 14 KB rows (DeepSeek prefill) took 141.6 us against 139.3
 // with 15 (220 KB), in two calls' timelines (round 33).
 constexpr long long COPY_BULK_SMEM = 192 * 1024;
-static int copy_bulk_warps(const Params& p, const void* x, const void* tokens, long long room = COPY_BULK_SMEM) {
+static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
   const bool aligned = p.row_bytes % 16 == 0 && p.slot_bytes % 16 == 0 &&
                        ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(tokens)) & 15) == 0;
   if (!p.copy_bulk || !aligned) return 0;
-  return (int)std::min<long long>(NWARPS, std::max(0LL, (room - copy_bulk_buffer_offset(p, 0)) / copy_bulk_row_stride(p)));
+  return (int)std::min<long long>(NWARPS, (COPY_BULK_SMEM - copy_bulk_buffer_offset(p, 0)) / copy_bulk_row_stride(p));
 }
 
 // A launch that may be programmatic (PDL): the kernel may then start before the one ahead of it
@@ -539,28 +518,6 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
                                 : dispatch_direct_kernel<false>;
     kernel<<<direct_blocks_of(p), NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
                                                                                    (int)x.size(0));
-    CUDA_OK(cudaGetLastError());
-    return out;
-  }
-  if (p.ranked) {  // one kernel, a work counter (create_ctx checked that it fits)
-    static const bool set = [] {
-      for (auto* k : {dispatch_ranked_kernel<true>, dispatch_ranked_kernel<false>}) {
-        CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)RANKED_BLOCK_SMEM));
-        max_shared_carveout(k);
-      }
-      return true;
-    }();
-    (void)set;
-    // The row buffers take what the scan's arrays leave, its partial sums among them where they fit.
-    const RankedSmem alone = ranked_smem_layout(p, 0);  // without row buffers: base, before, then part
-    int bulk_warps = copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr(), RANKED_BLOCK_SMEM - alone.part);
-    if (bulk_warps > 0 && ranked_smem_layout(p, copy_bulk_buffer_offset(p, bulk_warps)).part != 128)
-      bulk_warps = copy_bulk_warps(p, x.data_ptr(), tokens.data_ptr(), RANKED_BLOCK_SMEM - alone.total);
-    const size_t smem =
-        (size_t)ranked_smem_layout(p, bulk_warps > 0 ? copy_bulk_buffer_offset(p, bulk_warps) : 0).total;
-    (bulk_warps > 0 ? dispatch_ranked_kernel<true> : dispatch_ranked_kernel<false>)<<<p.num_sms, NTHREADS, smem,
-                                                                                       stream>>>(
-        p, direct_out(out), xp, xsp, (int)x.size(0), bulk_warps);
     CUDA_OK(cudaGetLastError());
     return out;
   }
@@ -759,7 +716,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   const int n_send = in.nptr ? rows : std::max(0, std::min((int)n_host, rows));
   ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
   if (ps.ce_send) blocks = std::min(blocks, table_blocks(p));  // the send kernel ships the table only
-  const size_t send_smem = p.direct ? direct_send_smem(p) : p.ranked ? ranked_send_smem(p) : 0;  // the table's masks
+  const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
     (p.ll_rows ? dispatch_send_kernel<true, true> : dispatch_send_kernel<true>)<<<blocks, SEND_THREADS, send_smem,
                                                                                   send_stream>>>(

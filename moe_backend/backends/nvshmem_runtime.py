@@ -56,8 +56,7 @@ def row_sizes(spec: CommSpec, transport: str) -> dict[str, int]:
         "slot_bytes": (_up(row) + _up(scale)) * tagged,
         # Room for the direct receive's round-tagged table (round 25): a 16-byte header, 16 bytes
         # per (token, k), 8 per expert count; the untagged table (8 per (token, k), 4 per count)
-        # takes the first half, the ranked table's count[portions][E] (round 39) the rest where
-        # it fits (create_ctx checks; else the plan and copy kernels).
+        # takes the first half.
         "table_bytes": _up(16 + spec.max_num_tokens * spec.topk * 16 + spec.num_experts * 8),
         "part_bytes": _up(spec.hidden * spec.transfer_dtype.itemsize),
     }

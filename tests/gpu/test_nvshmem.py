@@ -161,15 +161,6 @@ def test_contract_suite_without_direct_receive():
     _spawn(_contract_under_env, 7, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
-def test_contract_suite_plan_receive():
-    """Large nvlink arenas (a copy with a work counter) take the ranked table and the one-kernel
-    ranked receive by default (round 39), so the other tests cover it there. This one turns it
-    off (MOE_BACKEND_NVSHMEM_RANKED_TABLE=0) to keep the plan and copy kernels covered at those
-    sizes: the same results, rounds and replays, in arenas past a block per SM of tokens."""
-    env = {"MOE_BACKEND_NVSHMEM_RANKED_TABLE": "0"}
-    _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 6, 3, 1100)
-
-
 def test_contract_suite_direct_receive_untagged():
     """The direct receive reads round-tagged table words by default (put too, round 26), loads
     own rows before the tables are in, and scans the offsets with every thread (round 25). This
