@@ -148,27 +148,10 @@ def combine_flags_per_rank(spec: CommSpec) -> int:
 MAX_SOURCES_PER_SM = 1024
 
 
-_PLAN_CHUNK = 32
-
-
-def plan_chunk() -> int:
-    """The plan's least tokens per block (MOE_BACKEND_NVSHMEM_PLAN_CHUNK, a multiple of 32 up to
-    MAX_SOURCES_PER_SM; default 32). Fewer, larger chunks mean a smaller count matrix for every
-    plan block to read and fewer blocks at its grid barrier. Every rank must agree."""
-    raw = os.environ.get("MOE_BACKEND_NVSHMEM_PLAN_CHUNK", "")
-    if not raw:
-        return _PLAN_CHUNK
-    if not raw.isdigit() or int(raw) % 32 or not 32 <= int(raw) <= MAX_SOURCES_PER_SM:
-        raise ValueError(f"MOE_BACKEND_NVSHMEM_PLAN_CHUNK must be a multiple of 32 in [32, {MAX_SOURCES_PER_SM}],"
-                         f" got {raw!r}")
-    return int(raw)
-
-
 def chunking(spec: CommSpec, num_sms: int) -> tuple[int, int]:
     """(tokens per block, blocks) of the dispatch-receive kernel: at most one block per SM."""
     tokens = spec.num_groups * spec.max_num_tokens
-    least = min(plan_chunk(), 32 * -(-tokens // 32))  # no larger than the arena needs
-    chunk = min(MAX_SOURCES_PER_SM, max(least, 32 * -(-tokens // (32 * num_sms))))
+    chunk = min(MAX_SOURCES_PER_SM, 32 * -(-tokens // (32 * num_sms)))
     nchunks = -(-tokens // chunk)
     if nchunks > num_sms:
         raise ValueError(
