@@ -226,6 +226,55 @@ __device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, i
   }
 }
 
+// The plan's phase 2 by (token, k) pairs (p.plan_pairs; prepared in round 39, not yet measured):
+// thread i takes pairs i, i + blockDim, ... of its chunk's CH * topk, PLAN_PAIR_BATCH at a time
+// with all their id and weight loads issued before the first is used. One thread per token went
+// through its k one after another, each with two dependent loads (the id, then the weight at
+// its store: a store waits for its data), 2 * topk L2 round trips per thread (the SASS).
+constexpr int PLAN_PAIR_BATCH = 4;
+__device__ __forceinline__ void plan_rows_by_pairs(const Params& p, int c, const unsigned* msk, const int* bs,
+                                                const int* sh_n, float* __restrict__ weights, int* __restrict__ sg,
+                                                int* __restrict__ stok, int* __restrict__ sk, int weighted) {
+  const int L = p.L, topk = p.topk, M = p.M;
+  const int first = c * p.chunk, sources = p.G * M;  // G * M < 2^31 (chunking: <= 1024 per SM)
+  const int pairs = p.chunk * topk;
+  const char* tbl = p.sym + p.off_tables;
+  for (int i0 = threadIdx.x; i0 < pairs; i0 += PLAN_PAIR_BATCH * blockDim.x) {
+    int id[PLAN_PAIR_BATCH];
+    float wv[PLAN_PAIR_BATCH];
+#pragma unroll
+    for (int b = 0; b < PLAN_PAIR_BATCH; ++b) {
+      const int i = i0 + b * (int)blockDim.x;
+      const int uu = first + i / topk;
+      id[b] = -1;
+      wv[b] = 0.0f;
+      if (i < pairs && uu < sources && uu % M < sh_n[uu / M]) {
+        const int* tids = reinterpret_cast<const int*>(tbl + (long long)(uu / M) * p.table_bytes + table_token_off(p, uu % M));
+        id[b] = tids[i % topk];
+        if (weighted) wv[b] = reinterpret_cast<const float*>(tids + topk)[i % topk];  // weights follow the ids
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < PLAN_PAIR_BATCH; ++b) {
+      const int i = i0 + b * (int)blockDim.x, lt = i / topk, k = i % topk;
+      const int uu = first + lt;
+      if (i >= pairs || uu >= sources) continue;
+      int row = -1;
+      const int e = id[b] - p.rank * L;
+      if (id[b] >= 0 && e >= 0 && e < L) {
+        const int w = lt >> 5;
+        row = bs[e] + __popc(msk[w * L + e] & ((1u << (lt & 31)) - 1));
+        for (int w0 = 0; w0 < w; ++w0) row += __popc(msk[w0 * L + e]);
+        sg[row] = uu / M;
+        stok[row] = uu % M;
+        sk[row] = k;
+        if (weighted) weights[row] = wv[b];
+      }
+      p.rowmap[(long long)uu * topk + k] = row;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
 // warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
@@ -327,8 +376,10 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   }
   __syncthreads();
 
-  // Phase 2: rows, metadata and the combine row map, one thread per token.
-  if (g >= 0) {
+  // Phase 2: rows, metadata and the combine row map, one thread per token (or per pair).
+  if (p.plan_pairs) {
+    plan_rows_by_pairs(p, c, msk, bs, sh_n, weights, sg, stok, sk, weighted);
+  } else if (g >= 0) {
     int* rm = p.rowmap + u * topk;
     for (int k = 0; k < topk; ++k) {
       int row = -1;
