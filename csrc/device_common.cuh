@@ -502,6 +502,10 @@ __device__ __forceinline__ void table_portion_range(const Params& p, int n, int 
   t1 = min(n, t0 + per);
 }
 __device__ __forceinline__ long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
+// Token t's ids[topk] (then weights[topk]) in group g's table at this rank.
+__device__ __forceinline__ const int* table_ids(const Params& p, int g, int t) {
+  return reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + table_token_off(p, t));
+}
 // The direct table of round-tagged words (p.ll_table; st_tagged): the header {n, has_weights}
 // in one 16-byte store, then per (token, k) {packed id, weight} in one 16-byte store, then
 // count[E], 8 bytes each. Twice the untagged table's bytes (nvshmem_runtime.slot_sizes).

@@ -232,13 +232,20 @@ __device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, i
 // through its k one after another, each with two dependent loads (the id, then the weight at
 // its store: a store waits for its data), 2 * topk L2 round trips per thread (the SASS).
 constexpr int PLAN_PAIR_BATCH = 4;
+// The plan's row of the chunk's token lt at local expert e: the chunk's first row there, then
+// the earlier tokens of the chunk at e (one mask word per warp of 32 tokens).
+__device__ __forceinline__ int chunk_row(const unsigned* msk, const int* bs, int L, int e, int lt) {
+  const int w = lt >> 5;
+  int row = bs[e] + __popc(msk[w * L + e] & ((1u << (lt & 31)) - 1));
+  for (int w0 = 0; w0 < w; ++w0) row += __popc(msk[w0 * L + e]);
+  return row;
+}
 __device__ __forceinline__ void plan_rows_by_pairs(const Params& p, int c, const unsigned* msk, const int* bs,
                                                 const int* sh_n, float* __restrict__ weights, int* __restrict__ sg,
                                                 int* __restrict__ stok, int* __restrict__ sk, int weighted) {
   const int L = p.L, topk = p.topk, M = p.M;
   const int first = c * p.chunk, sources = p.G * M;  // G * M < 2^31 (chunking: <= 1024 per SM)
   const int pairs = p.chunk * topk;
-  const char* tbl = p.sym + p.off_tables;
   for (int i0 = threadIdx.x; i0 < pairs; i0 += PLAN_PAIR_BATCH * blockDim.x) {
     int id[PLAN_PAIR_BATCH];
     float wv[PLAN_PAIR_BATCH];
@@ -249,7 +256,7 @@ __device__ __forceinline__ void plan_rows_by_pairs(const Params& p, int c, const
       id[b] = -1;
       wv[b] = 0.0f;
       if (i < pairs && uu < sources && uu % M < sh_n[uu / M]) {
-        const int* tids = reinterpret_cast<const int*>(tbl + (long long)(uu / M) * p.table_bytes + table_token_off(p, uu % M));
+        const int* tids = table_ids(p, uu / M, uu % M);
         id[b] = tids[i % topk];
         if (weighted) wv[b] = reinterpret_cast<const float*>(tids + topk)[i % topk];  // weights follow the ids
       }
@@ -261,10 +268,8 @@ __device__ __forceinline__ void plan_rows_by_pairs(const Params& p, int c, const
       if (i >= pairs || uu >= sources) continue;
       int row = -1;
       const int e = id[b] - p.rank * L;
-      if (id[b] >= 0 && e >= 0 && e < L) {
-        const int w = lt >> 5;
-        row = bs[e] + __popc(msk[w * L + e] & ((1u << (lt & 31)) - 1));
-        for (int w0 = 0; w0 < w; ++w0) row += __popc(msk[w0 * L + e]);
+      if (e >= 0 && e < L) {  // an id of -1 (none) gives e < 0
+        row = chunk_row(msk, bs, L, e, lt);
         sg[row] = uu / M;
         stok[row] = uu % M;
         sk[row] = k;
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     g = (int)(u / M);
     t = (int)(u % M);
     if (t < sh_n[g]) {
-      tids = reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + table_token_off(p, t));
+      tids = table_ids(p, g, t);
       for (int k = 0; k < topk; ++k) {
         int e = tids[k] - p.rank * L;
         if (e >= 0 && e < L) atomicOr(&msk[warp * L + e], 1u << lane);
@@ -386,8 +391,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       if (tids) {
         int e = tids[k] - p.rank * L;
         if (e >= 0 && e < L) {
-          row = bs[e] + __popc(msk[warp * L + e] & ((1u << lane) - 1));
-          for (int w = 0; w < warp; ++w) row += __popc(msk[w * L + e]);
+          row = chunk_row(msk, bs, L, e, tid);  // token tid of the chunk: warp, lane
           sg[row] = g;
           stok[row] = t;
           sk[row] = k;

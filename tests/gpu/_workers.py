@@ -95,8 +95,9 @@ def random_cases(seed: int, count: int, world: int = 2, sources: int | None = No
 def contract_worker(seed: int, count: int, transports: tuple[str, ...], **options: Any) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     sources = rt.MAX_SOURCES_PER_SM * options["num_sms"] if options.get("num_sms") else None  # the arena's limit
+    cases = random_cases(seed, count, world, sources)
     for transport in transports:
-        for case in random_cases(seed, count, world, sources):
+        for case in cases:
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True, **options)
             try:
                 run_case(comm, case)
@@ -110,8 +111,7 @@ def contract_worker(seed: int, count: int, transports: tuple[str, ...], **option
             # ranks share a GPU): both equal the oracle, hence each other.
             run_case(Communicator(case.spec, backend="reference"), case)
     if rank == 0:
-        n = 2 * len(transports) * len(random_cases(seed, count, world, sources))
-        print(f"contract: {n} cases ok on {world} ranks, seed={seed}", flush=True)
+        print(f"contract: {2 * len(transports) * len(cases)} cases ok on {world} ranks, seed={seed}", flush=True)
 
 
 def rounds_worker(seed: int, transport: str, rounds: int, tokens: int = 40, **options: Any) -> None:
