@@ -46,7 +46,7 @@ struct Params {
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
-  int plan_pairs;      // plan: phase 2 by (token, k) pairs, their loads batched (plan_rows_by_pairs)
+  int copy_flag;       // dispatch copy: waits for the plan's last block's flag (state[10]), not its grid's end
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
@@ -60,6 +60,7 @@ struct Params {
                               // [5]=dispatch copy work counter [6]=round of the current combine
                               // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
                               // [8]=largest source-token count of this round (set by the plan)
+                              // [9]=plan blocks done (never reset) [10]=round of the last plan done
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}
@@ -245,10 +246,12 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // waits done, its grid barrier passed; the combine send's warps at their first item, past an
 // item's row map, its sums, its fence (nvlink), and done with all their send items (in the
 // fused combine, the start of its receive half); the direct table's masks built and entries
-// written, the fused dispatch's receive half begun, a direct-receive warp's copy issued.
+// written, the fused dispatch's receive half begun, a direct-receive warp's copy issued; the
+// plan's count columns summed and its expert offsets scanned.
 enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS,
-             ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, NSTAMP };
+             ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, ST_PLAN_SUMMED, ST_PLAN_SCANNED,
+             NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
 // Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the

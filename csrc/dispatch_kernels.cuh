@@ -226,12 +226,6 @@ __device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, i
   }
 }
 
-// The plan's phase 2 by (token, k) pairs (p.plan_pairs; prepared in round 39, not yet measured):
-// thread i takes pairs i, i + blockDim, ... of its chunk's CH * topk, PLAN_PAIR_BATCH at a time
-// with all their id and weight loads issued before the first is used. One thread per token went
-// through its k one after another, each with two dependent loads (the id, then the weight at
-// its store: a store waits for its data), 2 * topk L2 round trips per thread (the SASS).
-constexpr int PLAN_PAIR_BATCH = 4;
 // The plan's row of the chunk's token lt at local expert e: the chunk's first row there, then
 // the earlier tokens of the chunk at e (one mask word per warp of 32 tokens).
 __device__ __forceinline__ int chunk_row(const unsigned* msk, const int* bs, int L, int e, int lt) {
@@ -240,46 +234,6 @@ __device__ __forceinline__ int chunk_row(const unsigned* msk, const int* bs, int
   for (int w0 = 0; w0 < w; ++w0) row += __popc(msk[w0 * L + e]);
   return row;
 }
-__device__ __forceinline__ void plan_rows_by_pairs(const Params& p, int c, const unsigned* msk, const int* bs,
-                                                const int* sh_n, float* __restrict__ weights, int* __restrict__ sg,
-                                                int* __restrict__ stok, int* __restrict__ sk, int weighted) {
-  const int L = p.L, topk = p.topk, M = p.M;
-  const int first = c * p.chunk, sources = p.G * M;  // G * M < 2^31 (chunking: <= 1024 per SM)
-  const int pairs = p.chunk * topk;
-  for (int i0 = threadIdx.x; i0 < pairs; i0 += PLAN_PAIR_BATCH * blockDim.x) {
-    int id[PLAN_PAIR_BATCH];
-    float wv[PLAN_PAIR_BATCH];
-#pragma unroll
-    for (int b = 0; b < PLAN_PAIR_BATCH; ++b) {
-      const int i = i0 + b * (int)blockDim.x;
-      const int uu = first + i / topk;
-      id[b] = -1;
-      wv[b] = 0.0f;
-      if (i < pairs && uu < sources && uu % M < sh_n[uu / M]) {
-        const int* tids = table_ids(p, uu / M, uu % M);
-        id[b] = tids[i % topk];
-        if (weighted) wv[b] = reinterpret_cast<const float*>(tids + topk)[i % topk];  // weights follow the ids
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < PLAN_PAIR_BATCH; ++b) {
-      const int i = i0 + b * (int)blockDim.x, lt = i / topk, k = i % topk;
-      const int uu = first + lt;
-      if (i >= pairs || uu >= sources) continue;
-      int row = -1;
-      const int e = id[b] - p.rank * L;
-      if (e >= 0 && e < L) {  // an id of -1 (none) gives e < 0
-        row = chunk_row(msk, bs, L, e, lt);
-        sg[row] = uu / M;
-        stok[row] = uu % M;
-        sk[row] = k;
-        if (weighted) weights[row] = wv[b];
-      }
-      p.rowmap[(long long)uu * topk + k] = row;
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
 // warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
@@ -365,6 +319,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   if (p.plan_vec && (L & 3) == 0) sum_count_columns<4, 8>(p.cnt, L, c, tid, before, totals);
   else sum_count_columns<1, 16>(p.cnt, L, c, tid, before, totals);
   __syncthreads();
+  stamp_exit(ST_PLAN_SUMMED);
   if (warp == 0) {
     int e0, e1, off;
     const int incl = warp_scan_runs(totals, L, lane, e0, e1, off);
@@ -380,11 +335,10 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
     if (c == 0 && lane == 31) publish_round(p, offs, L, incl, round, sh_n);
   }
   __syncthreads();
+  stamp_exit(ST_PLAN_SCANNED);
 
-  // Phase 2: rows, metadata and the combine row map, one thread per token (or per pair).
-  if (p.plan_pairs) {
-    plan_rows_by_pairs(p, c, msk, bs, sh_n, weights, sg, stok, sk, weighted);
-  } else if (g >= 0) {
+  // Phase 2: rows, metadata and the combine row map, one thread per token.
+  if (g >= 0) {
     int* rm = p.rowmap + u * topk;
     for (int k = 0; k < topk; ++k) {
       int row = -1;
@@ -401,7 +355,18 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       rm[k] = row;
     }
   }
-  __syncthreads();
+  if (p.copy_flag) {
+    // The copy waits for the last block's flag, not for this grid's end (griddepcontrol.wait:
+    // ~2.7 us from the plan's last warp to the copy's first block at prefill, run 30).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0 && (atomicAdd(&p.state[9], 1ULL) + 1) % gridDim.x == 0) {  // the launch's last block
+      __threadfence();
+      st_release_gpu(&p.state[10], round);
+    }
+  } else {
+    __syncthreads();
+  }
   stamp_exit(ST_PLAN);
 }
 
@@ -611,15 +576,26 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows,
                                                                     int bulk_warps) {
-  grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
-  stamp_entry(ST_COPY);
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
+  // Launched early beside the plan (programmatic launch): its results first, by its last
+  // block's flag (p.copy_flag) or by the plan grid's end.
+  if (p.copy_flag) {
+    if (threadIdx.x == 0)
+      bounded_poll(p, [&] { return ld_acquire_gpu(&p.state[10]) >= round; }, PH_DISPATCH_GRID, -1, round);
+    __syncthreads();
+  } else {
+    grid_dependency_wait();
+  }
+  stamp_entry(ST_COPY);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   unsigned buf = 0, bar = 0, parity = 0;
   if constexpr (BULK) {
     extern __shared__ __align__(128) unsigned long long bulk_smem[];
-    if (warp >= bulk_warps) return;
+    if (warp >= bulk_warps) {
+      grid_dependency_wait();  // (see the kernel's end)
+      return;
+    }
     bar = smem_addr(bulk_smem + warp);
     buf = smem_addr(bulk_smem) + (unsigned)copy_bulk_buffer_offset(p, warp);
     if (lane == 0) {
@@ -665,6 +641,9 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   }
   if constexpr (BULK)
     if (lane == 0) bulk_wait_all();  // the rows written before the kernel ends
+  // With the flag, this grid could otherwise end before the plan's: the stream's next kernels
+  // must find both done (long done here: the flag came at the plan's end).
+  if (p.copy_flag) grid_dependency_wait();
   stamp_exit(ST_COPY);
 }
 

@@ -3,8 +3,9 @@
 Runs a bench preset (default deepseek_decode, nvlink transport) on 2 local GPUs (or
 --world-size N; 1 times the kernels' own chain with no link in it) with the
 kernels' timeline stamps on (op `timeline_stamps`: each kernel's first and last block entry
-and last warp exit by %globaltimer, the plan's end of waiting and of its grid barrier, the combine
-send's warps at their first item, row map, sums, fence and end of send items)
+and last warp exit by %globaltimer, the plan's end of waiting, of its grid barrier, of its
+count sums and of its scan, the combine send's warps at their first item, row map, sums,
+fence and end of send items)
 and prints, per token count, the medians over the iterations of
 - dispatch: each kernel's entry / exit relative to the send kernel's first entry;
 - combine: each kernel's entry / exit relative to the combine send's first entry;
@@ -42,14 +43,14 @@ from moe_backend.config import bench_presets_dir, load_bench, resolve_config  # 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
           "combine_send_rows", "send_table", "direct_rows", "table_masks", "table_entries", "recv_start",
-          "direct_copied"]  # the kernels' enum Stamp order
+          "direct_copied", "plan_summed", "plan_scanned"]  # the kernels' enum Stamp order
 DISPATCH = ["send", "table_masks", "table_entries", "send_table", "recv_start", "plan", "plan_waited", "plan_barrier",
-            "direct_rows", "direct_copied", "copy"]
+            "plan_summed", "plan_scanned", "direct_rows", "direct_copied", "copy"]
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
 # stamps that record one moment (the latest over warps), not a kernel
 EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items", "table_masks",
-             "table_entries", "recv_start", "direct_copied",
+             "table_entries", "recv_start", "direct_copied", "plan_summed", "plan_scanned",
              "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows")
 WARMUP = 10
 
