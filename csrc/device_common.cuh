@@ -46,7 +46,6 @@ struct Params {
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
-  int copy_flag;       // dispatch copy: waits for the plan's last block's flag (state[10]), not its grid's end
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
@@ -60,7 +59,6 @@ struct Params {
                               // [5]=dispatch copy work counter [6]=round of the current combine
                               // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
                               // [8]=largest source-token count of this round (set by the plan)
-                              // [9]=plan blocks done (never reset) [10]=round of the last plan done
   int* cnt;      // [nchunks, L]
   int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
   int* err_host; // pinned, mapped: {flag, phase, peer, round}

@@ -355,18 +355,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       rm[k] = row;
     }
   }
-  if (p.copy_flag) {
-    // The copy waits for the last block's flag, not for this grid's end (griddepcontrol.wait:
-    // ~2.7 us from the plan's last warp to the copy's first block at prefill, run 30).
-    __threadfence();
-    __syncthreads();
-    if (tid == 0 && (atomicAdd(&p.state[9], 1ULL) + 1) % gridDim.x == 0) {  // the launch's last block
-      __threadfence();
-      st_release_gpu(&p.state[10], round);
-    }
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   stamp_exit(ST_PLAN);
 }
 
@@ -576,26 +565,15 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
                                                                     const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows,
                                                                     int bulk_warps) {
+  grid_dependency_wait();  // launched early beside the plan (programmatic launch): its results first
+  stamp_entry(ST_COPY);
   __shared__ int sh_rows[NWARPS][64];
   const unsigned long long round = p.state[0] + 1;
-  // Launched early beside the plan (programmatic launch): its results first, by its last
-  // block's flag (p.copy_flag) or by the plan grid's end.
-  if (p.copy_flag) {
-    if (threadIdx.x == 0)
-      bounded_poll(p, [&] { return ld_acquire_gpu(&p.state[10]) >= round; }, PH_DISPATCH_GRID, -1, round);
-    __syncthreads();
-  } else {
-    grid_dependency_wait();
-  }
-  stamp_entry(ST_COPY);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   unsigned buf = 0, bar = 0, parity = 0;
   if constexpr (BULK) {
     extern __shared__ __align__(128) unsigned long long bulk_smem[];
-    if (warp >= bulk_warps) {
-      grid_dependency_wait();  // (see the kernel's end)
-      return;
-    }
+    if (warp >= bulk_warps) return;
     bar = smem_addr(bulk_smem + warp);
     buf = smem_addr(bulk_smem) + (unsigned)copy_bulk_buffer_offset(p, warp);
     if (lane == 0) {
@@ -641,9 +619,6 @@ __global__ void __launch_bounds__(NTHREADS, 2) dispatch_copy_kernel(Params p, ch
   }
   if constexpr (BULK)
     if (lane == 0) bulk_wait_all();  // the rows written before the kernel ends
-  // With the flag, this grid could otherwise end before the plan's: the stream's next kernels
-  // must find both done (long done here: the flag came at the plan's end).
-  if (p.copy_flag) grid_dependency_wait();
   stamp_exit(ST_COPY);
 }
 

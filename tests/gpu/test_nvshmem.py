@@ -161,15 +161,6 @@ def test_contract_suite_without_direct_receive():
     _spawn(_contract_under_env, 7, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
-def test_contract_suite_copy_grid_wait():
-    """The dispatch copy starts on the plan's last block's flag by default (run 30); this one
-    has it wait for the plan grid's end (MOE_BACKEND_NVSHMEM_COPY_FLAG=0), the plan for every
-    arena (MOE_BACKEND_NVSHMEM_DIRECT_RECV=0): the same results on both transports, rounds and
-    replays, in arenas past a block per SM of tokens too."""
-    env = {"MOE_BACKEND_NVSHMEM_COPY_FLAG": "0", "MOE_BACKEND_NVSHMEM_DIRECT_RECV": "0"}
-    _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("put", "nvlink"), 6, 3, 1100)
-
-
 def test_contract_suite_direct_receive_untagged():
     """The direct receive reads round-tagged table words by default (put too, round 26), loads
     own rows before the tables are in, and scans the offsets with every thread (round 25). This

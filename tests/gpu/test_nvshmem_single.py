@@ -86,8 +86,6 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "register-copy": the dispatch copy with a work counter (arenas past a block per SM of items)
 # stores its rows from registers, and the plan reads the count matrix by 4-byte loads, as before
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
-# "copy-grid-wait": the dispatch copy waits for the plan grid's end (COPY_FLAG=0; by default for
-# the plan's last block's flag, run 30), the plan for every arena (DIRECT_RECV=0).
 # "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
 # receive, one fused kernel since round 35).
 # "pdl-combine": `comm.combine` with both kernels on the caller's stream, the receive launched by
@@ -105,7 +103,6 @@ VARIANTS = {
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "ITEM_SPREAD")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
-    "copy-grid-wait": {"MOE_BACKEND_NVSHMEM_COPY_FLAG": "0", "MOE_BACKEND_NVSHMEM_DIRECT_RECV": "0"},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
     "self-send": SELF_SEND,
@@ -137,8 +134,7 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant",
-                         ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows", "copy-grid-wait"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
