@@ -46,7 +46,6 @@ struct Params {
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
-  int plan_batch;      // plan: a token's ids loaded PLAN_KB at a time in phase 2 (round 40)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with

@@ -226,7 +226,6 @@ __device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, i
   }
 }
 
-constexpr int PLAN_KB = 8;  // the plan's phase 2: a token's ids loaded this many at a time
 // The plan's row of the chunk's token lt at local expert e: the chunk's first row there, then
 // the earlier tokens of the chunk at e (one mask word per warp of 32 tokens).
 __device__ __forceinline__ int chunk_row(const unsigned* msk, const int* bs, int L, int e, int lt) {
@@ -338,38 +337,22 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
   __syncthreads();
   stamp_exit(ST_PLAN_SCANNED);
 
-  // Phase 2: rows, metadata and the combine row map, one thread per token. Its ids (and
-  // weights) are loaded PLAN_KB at a time, all in flight before the first is used
-  // (p.plan_batch): one at a time, each k waited for its own L2 round trip, 8 in a row (the
-  // stores in between may alias the table for the compiler), 3.1 of the plan's 12.2 us (ncu's
-  // stall samples, run 30).
+  // Phase 2: rows, metadata and the combine row map, one thread per token.
   if (g >= 0) {
     int* rm = p.rowmap + u * topk;
-    const int kb = p.plan_batch ? PLAN_KB : 1;
-    for (int k0 = 0; k0 < topk; k0 += kb) {
-      int id[PLAN_KB];
-      float wv[PLAN_KB];
-#pragma unroll
-      for (int j = 0; j < PLAN_KB; ++j) {
-        const bool in = tids && j < kb && k0 + j < topk;
-        id[j] = in ? tids[k0 + j] : -1;
-        wv[j] = in && weighted ? reinterpret_cast<const float*>(tids + topk)[k0 + j] : 0.0f;  // weights follow the ids
-      }
-#pragma unroll
-      for (int j = 0; j < PLAN_KB; ++j) {
-        const int k = k0 + j;
-        if (j >= kb || k >= topk) break;
-        int row = -1;
-        const int e = id[j] - p.rank * L;  // an id of -1 (none, or no table entry) gives e < 0
+    for (int k = 0; k < topk; ++k) {
+      int row = -1;
+      if (tids) {
+        int e = tids[k] - p.rank * L;
         if (e >= 0 && e < L) {
           row = chunk_row(msk, bs, L, e, tid);  // token tid of the chunk: warp, lane
           sg[row] = g;
           stok[row] = t;
           sk[row] = k;
-          if (weighted) weights[row] = wv[j];
+          if (weighted) weights[row] = reinterpret_cast<const float*>(tids + topk)[k];  // weights follow the ids
         }
-        rm[k] = row;
       }
+      rm[k] = row;
     }
   }
   __syncthreads();

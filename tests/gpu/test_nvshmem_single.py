@@ -85,8 +85,7 @@ def _overlap_env(on: str) -> dict[str, str]:
 # receive half then takes the partials by bulk copies too, through the ring the send left.
 # "register-copy": the dispatch copy with a work counter (arenas past a block per SM of items)
 # stores its rows from registers, and the plan reads the count matrix by 4-byte loads, as before
-# round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0), and
-# a token's ids one at a time, as before round 40 (PLAN_BATCH=0).
+# round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
 # "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
 # receive, one fused kernel since round 35).
 # "pdl-combine": `comm.combine` with both kernels on the caller's stream, the receive launched by
@@ -103,7 +102,7 @@ VARIANTS = {
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "ITEM_SPREAD")},
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
-    "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC", "PLAN_BATCH")},
+    "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
     "self-send": SELF_SEND,
