@@ -296,8 +296,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;
   // Round 33: the plan reads the chunk count matrix by 16-byte loads where L % 4 == 0; =0 by 4-byte loads.
   p->plan_vec = (reinterpret_cast<uintptr_t>(p->cnt) & 15) == 0 && env_switch("MOE_BACKEND_NVSHMEM_PLAN_VEC", true) ? 1 : 0;
-  // Round 39 (prepared, not yet measured): the plan's rows by (token, k) pairs with their loads
-  // batched; =1 turns it on (off until an A/B and the contract suite have run on a GPU).
   // Overlap needs the waiting kernels (plan, copy) never to fill the GPU, or the send blocks
   // that feed them could not be scheduled: plan blocks of <= 256 threads, or kernels sized
   // for at most half the GPU's SMs (backend option num_sms), whatever the chunk.
