@@ -6,16 +6,25 @@ instruction: executions, stall samples per reason) and prints:
    instructions with one count (e.g. 4096 tokens x 14 steps x 2 row batches = 114,688 runs of
    a task body), so the groups say which loop level holds the instructions;
 2. the stall reasons summed over the kernel;
-3. the instructions that hold the most stall samples, with their main reason.
+3. the instructions that hold the most stall samples, with their main reason;
+4. the barrier waits: each `BAR.SYNC` with the `stall_barrier` samples of the instructions
+   after it, up to the next one (a warp waiting at a barrier is sampled at the instruction it
+   will issue next): which step of the kernel the other warps wait for. With the kernel's
+   duration and warp count, a sample is converted into warp-time.
 
-    python3 scripts/ncu_groups.py KERNEL_sass.csv [--groups 12] [--top 20]
+    python3 scripts/ncu_groups.py KERNEL_sass.csv[.gz] [--groups 12] [--top 20]
+                                  [--duration-us US --warps N]
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
+import re
 from collections import Counter
 from pathlib import Path
+
+BARRIER = re.compile(r"(?<![A-Z.])BAR\.(SYNC|RED|ARV)")  # not MEMBAR / ERRBAR
 
 
 def _num(text: str) -> float:
@@ -27,7 +36,8 @@ def _num(text: str) -> float:
 
 def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the export; the file may start with a kernel-name line."""
-    rows = list(csv.reader(path.open()))
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
+        rows = list(csv.reader(f))
     start = next((i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r), None)
     if start is None:
         raise SystemExit(f"{path}: no header with 'Address' and 'Instructions Executed' (not an ncu source CSV?)")
@@ -39,6 +49,8 @@ def main() -> None:
     ap.add_argument("csv", type=Path)
     ap.add_argument("--groups", type=int, default=12, help="execution-count groups to print (largest first)")
     ap.add_argument("--top", type=int, default=20, help="instructions with the most stall samples to print")
+    ap.add_argument("--duration-us", type=float, help="the kernel's duration (ncu's Duration), for warp-time")
+    ap.add_argument("--warps", type=int, help="the kernel's warps (grid x block / 32), for warp-time")
     args = ap.parse_args()
     header, rows = read_rows(args.csv)
     col = {name: i for i, name in enumerate(header)}
@@ -65,6 +77,32 @@ def main() -> None:
         main_reason = header[max(reasons, key=lambda i: _num(r[i]))]
         print(f"  {_num(r[samples]):6.0f} ({100 * _num(r[samples]) / all_samples:4.1f}%) {_num(r[executed]):>10,.0f}"
               f"  {main_reason:<24} {r[col['Source']].strip()[:60]}")
+    if "stall_barrier" in col:
+        per_sample = args.duration_us * args.warps / all_samples if args.duration_us and args.warps else None
+        print_barrier_waits(rows, col, all_samples, per_sample)
+
+
+def barrier_waits(rows: list[list[str]], col: dict[str, int]) -> list[tuple[int, list[str], float]]:
+    """(index, row, stall_barrier samples up to the next barrier) of each barrier instruction."""
+    out: list[tuple[int, list[str], float]] = []
+    for i, r in enumerate(rows):
+        if BARRIER.search(r[col["Source"]]):
+            out.append((i, r, 0.0))
+        elif out:
+            j, br, s = out[-1]
+            out[-1] = (j, br, s + _num(r[col["stall_barrier"]]))
+    return out
+
+
+def print_barrier_waits(rows: list[list[str]], col: dict[str, int], all_samples: float,
+                        per_sample: float | None) -> None:
+    unit = f"; warp-us at {per_sample:.2f} a sample" if per_sample else ""
+    print(f"barrier waits: instruction, runs, stall_barrier samples after it (share){unit}")
+    for i, r, s in barrier_waits(rows, col):
+        if s:
+            us = f"  {s * per_sample:8.1f} warp-us" if per_sample else ""
+            runs, src = _num(r[col["Instructions Executed"]]), r[col["Source"]].strip()[:40]
+            print(f"  #{i:<6} {runs:>10,.0f}  {s:6.0f} ({100 * s / all_samples:4.1f}%){us}  {src}")
 
 
 if __name__ == "__main__":

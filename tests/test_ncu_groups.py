@@ -3,6 +3,7 @@ ncu source-page CSV."""
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,29 @@ def test_rejects_a_file_that_is_not_a_source_export(tmp_path: Path) -> None:
     bad.write_text('"ID","Kernel Name"\n"0","k"\n')
     res = subprocess.run([sys.executable, str(SCRIPT), str(bad)], capture_output=True, text=True)
     assert res.returncode != 0 and "not an ncu source CSV" in res.stderr
+
+
+def test_barrier_waits_go_to_the_barrier_before_them_and_read_gzip(tmp_path: Path) -> None:
+    """A warp waiting at a barrier is sampled at a later instruction: its stall_barrier samples
+    count for the BAR.SYNC before it (a MEMBAR is no barrier), converted into warp-time."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+              "stall_long_sb"]
+    rows = [
+        ["0x10", "BAR.SYNC.DEFER_BLOCKING 0x0", "0", "8", "0", "0"],
+        ["0x20", "@P0 BRA 0x40", "6", "8", "6", "0"],
+        ["0x30", "MEMBAR.SC.GPU", "2", "8", "2", "0"],
+        ["0x40", "LDG.E R1, desc[UR4][R2.64]", "4", "1", "0", "4"],
+        ["0x50", "BAR.SYNC.DEFER_BLOCKING 0x0", "0", "8", "0", "0"],
+        ["0x60", "EXIT", "8", "8", "8", "0"],
+    ]
+    lines = ['"Kernel Name","void k()"'] + [",".join(f'"{c}"' for c in r) for r in [header, *rows]]
+    csv_path = tmp_path / "k_sass.csv.gz"
+    with gzip.open(csv_path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--duration-us", "10", "--warps", "8"],
+                         check=True, capture_output=True, text=True).stdout
+    waits = out.split("barrier waits")[1].splitlines()
+    assert "warp-us at 4.00 a sample" in waits[0]  # 8 warps x 10 us / 20 samples
+    assert "#0" in waits[1] and "     8 (40.0%)" in waits[1] and "32.0 warp-us" in waits[1]  # 6 + the MEMBAR's 2
+    assert "#4" in waits[2] and "     8 (40.0%)" in waits[2] and "32.0 warp-us" in waits[2]
+    assert len(waits) == 3
