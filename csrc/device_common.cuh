@@ -507,6 +507,15 @@ __device__ __forceinline__ long long table_token_off(const Params& p, int t) { r
 __device__ __forceinline__ const int* table_ids(const Params& p, int g, int t) {
   return reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + table_token_off(p, t));
 }
+// Token t's rank at an expert, counted from `first`: the set bits before bit t in the expert's
+// row of mask words, word i of the row at m[i * stride + row] (the direct table's rows are
+// contiguous, the plan's strided by its experts).
+__device__ __forceinline__ int bit_rank(const unsigned* m, int row, int stride, int t, int first = 0) {
+  const int w = t >> 5;
+  int rank = first + __popc(m[w * stride + row] & ((1u << (t & 31)) - 1));
+  for (int c = 0; c < w; ++c) rank += __popc(m[c * stride + row]);
+  return rank;
+}
 // The direct table of round-tagged words (p.ll_table; st_tagged): the header {n, has_weights}
 // in one 16-byte store, then per (token, k) {packed id, weight} in one 16-byte store, then
 // count[E], 8 bytes each. Twice the untagged table's bytes (nvshmem_runtime.slot_sizes).
@@ -622,9 +631,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   stamp_exit(ST_TABLE_MASKS);
   auto packed = [&](int id, int t) -> int {
     if (id < 0 || id >= E) return -1;
-    int rank = __popc(msk[id * nw + (t >> 5)] & ((1u << (t & 31)) - 1));
-    for (int c = 0; c < (t >> 5); ++c) rank += __popc(msk[id * nw + c]);
-    return (rank << 16) | id;
+    return (bit_rank(msk, id * nw, 1, t) << 16) | id;
   };
   // Every one of the k blocks built the whole masks (a few thousand shared-memory atomics at
   // most); block j writes its share of the tokens, block 0 the counts and the header.

@@ -226,14 +226,6 @@ __device__ __forceinline__ void sum_count_columns(const int* __restrict__ cnt, i
   }
 }
 
-// The plan's row of the chunk's token lt at local expert e: the chunk's first row there, then
-// the earlier tokens of the chunk at e (one mask word per warp of 32 tokens).
-__device__ __forceinline__ int chunk_row(const unsigned* msk, const int* bs, int L, int e, int lt) {
-  const int w = lt >> 5;
-  int row = bs[e] + __popc(msk[w * L + e] & ((1u << (lt & 31)) - 1));
-  for (int w0 = 0; w0 < w; ++w0) row += __popc(msk[w0 * L + e]);
-  return row;
-}
 // ---------------------------------------------------------------------------------------
 // Dispatch receive. Block c owns chunk c of the flattened source-token space (g, t). Per
 // warp of 32 tokens a bitmask per local expert gives each token its stable rank; chunk
@@ -345,7 +337,7 @@ __global__ void __launch_bounds__(1024) dispatch_recv_kernel(Params p, char* __r
       if (tids) {
         int e = tids[k] - p.rank * L;
         if (e >= 0 && e < L) {
-          row = chunk_row(msk, bs, L, e, tid);  // token tid of the chunk: warp, lane
+          row = bit_rank(msk, e, L, tid, bs[e]);  // the chunk's first row at e, then its earlier tokens there
           sg[row] = g;
           stok[row] = t;
           sk[row] = k;
