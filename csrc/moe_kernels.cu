@@ -1093,6 +1093,7 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("rate_probe(int dst, int src, int nbytes, int mode, int blocks, int device) -> ()", moe::rate_probe);
   m.def("timeline_stamps(int mode) -> Tensor", moe::timeline_stamps);
   m.def("launch_cost(int iters, int device) -> float[]", moe::launch_cost);
+  m.def("step_cost(Tensor scratch, int chain_words, Tensor(a!) out, int kind, int reps, int blocks) -> ()");
   m.def("ping(Tensor(a!) err, int flags, int[] peers, int rank, int round, int launches, int timeout_ns) -> ()");
 }
 
@@ -1104,6 +1105,7 @@ TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("combine_recv", moe::combine_recv);
   m.impl("combine_whole", moe::combine_whole);
   m.impl("ping", moe::ping);
+  m.impl("step_cost", moe::step_cost);
 }
 
 // A bare Python module: importing it runs the registrations above.

@@ -1,5 +1,5 @@
 // probes.cuh: benchmark-only kernels and their host calls: the latency floor of a flag exchange, the
-// SM-count memory-rate probes, and the timeline stamps' switch.
+// SM-count memory-rate probes, the cost of one dependent step, and the timeline stamps' switch.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -243,6 +243,116 @@ std::vector<double> launch_cost(int64_t iters, int64_t device) {
   CUDA_OK(cudaStreamSynchronize(s));
   medians.push_back((double)sizeof(Params));
   return medians;
+}
+
+// What one dependent step of the kernels' chains costs (benchmark only, scripts/step_costs.py):
+// the prefill plan and the send's table are chains of a few such steps (a load round, a block
+// barrier, a store and its system-scope release), each step ~3 us in their timelines (round 41).
+// `blocks` blocks of STEP_THREADS threads run `reps` steps of one kind one after another; each
+// block writes its ns per step (from %globaltimer around the loop) to out[block]. `scratch`
+// starts with `chain_words` int64 of load chain laid out by the caller: word b is block b's
+// first index, and every word a chain visits holds the index of the next (a few lines in L2, or
+// lines spread wider than the L2 for memory); then each block's own words (STEP_BLOCK_WORDS each).
+// Steps:
+enum StepKind {
+  STEP_TIMER = 0,          // nothing: the loop and the timer's own cost
+  STEP_LOAD_CHAIN,         // one load whose address is the previous load's value (ld.global.cg)
+  STEP_ACQUIRE_CHAIN,      // the same by ld.acquire.sys (the polls' load)
+  STEP_STORE_FENCE_SYS,    // a store, then fence.sc.sys (__threadfence_system)
+  STEP_STORE_FENCE_GPU,    // a store, then fence.sc.gpu (__threadfence)
+  STEP_RELEASE_STORE_SYS,  // st.release.sys (the token flags)
+  STEP_RELEASE_ADD_SYS,    // red.release.sys.add (the table portions' announce)
+  STEP_ATOMIC_CHAIN,       // atomicAdd whose address depends on the previous one's result
+  STEP_BLOCK_BARRIER,      // __syncthreads of the whole block
+  STEP_PORTION,            // the table portion's shape: every thread stores 64 B, barrier, thread 0's
+                           // release add, barrier (8 KB a step for 128 threads)
+  STEP_KINDS
+};
+constexpr int STEP_THREADS = 128;
+// Per block: 16 words (counters, release targets), then the portion's 8 KB of rows.
+constexpr long long STEP_BLOCK_WORDS = 16 + STEP_THREADS * 8;
+__host__ __device__ inline long long step_own_offset(long long chain_words) { return (chain_words + 1) & ~1LL; }
+__global__ void __launch_bounds__(STEP_THREADS) step_probe_kernel(int kind, int reps, long long* chain,
+                                                                  long long chain_words, double* out) {
+  const int tid = threadIdx.x;
+  // Each block its own words past the chain (16-byte aligned): counters, release targets, rows.
+  long long* own = chain + step_own_offset(chain_words) + (long long)blockIdx.x * STEP_BLOCK_WORDS;
+  long long idx = chain_words > (long long)blockIdx.x ? chain[blockIdx.x] : 0;
+  __syncthreads();
+  const unsigned long long t0 = gtimer();
+  for (int r = 0; r < reps; ++r) {
+    switch (kind) {
+      case STEP_LOAD_CHAIN:
+        if (tid == 0) idx = __ldcg(chain + idx);
+        break;
+      case STEP_ACQUIRE_CHAIN:
+        if (tid == 0) idx = (long long)ld_acquire_sys(reinterpret_cast<const unsigned long long*>(chain + idx));
+        break;
+      case STEP_STORE_FENCE_SYS:
+        if (tid == 0) {
+          own[r & 7] = r;
+          __threadfence_system();
+        }
+        break;
+      case STEP_STORE_FENCE_GPU:
+        if (tid == 0) {
+          own[r & 7] = r;
+          __threadfence();
+        }
+        break;
+      case STEP_RELEASE_STORE_SYS:
+        if (tid == 0) st_release_sys(reinterpret_cast<unsigned long long*>(own + (r & 7)), (unsigned long long)r);
+        break;
+      case STEP_RELEASE_ADD_SYS:
+        if (tid == 0) red_add_release_sys(reinterpret_cast<unsigned long long*>(own + (r & 7)), 1ULL);
+        break;
+      case STEP_ATOMIC_CHAIN:
+        if (tid == 0) idx = (long long)atomicAdd(reinterpret_cast<unsigned long long*>(own + (idx & 7)), 1ULL);
+        break;
+      case STEP_BLOCK_BARRIER:
+        __syncthreads();
+        break;
+      case STEP_PORTION: {
+        int4* row = reinterpret_cast<int4*>(own + 16) + tid * 4;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) row[u] = make_int4(r, tid, u, 1);
+        __syncthreads();
+        if (tid == 0) red_add_release_sys(reinterpret_cast<unsigned long long*>(own), 1ULL);
+        __syncthreads();
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  const unsigned long long t1 = gtimer();
+  if (tid == 0) {
+    out[blockIdx.x] = (double)(t1 - t0) / reps;
+    if (idx == -12345) out[blockIdx.x] = -1.0;  // never (chain words are indices): keeps the chain live
+  }
+}
+
+// Launches the probe on the current stream: `scratch` must hold the chain, then blocks *
+// STEP_BLOCK_WORDS int64 of per-block words; `out` blocks float64.
+void step_cost(at::Tensor scratch, int64_t chain_words, at::Tensor out, int64_t kind, int64_t reps, int64_t blocks) {
+  MOE_CHECK(kind >= 0 && kind < STEP_KINDS, "step_cost: kind must be 0..", STEP_KINDS - 1, ", got ", kind);
+  MOE_CHECK(reps >= 1 && reps <= (1 << 20), "step_cost: reps must be 1..", 1 << 20, ", got ", reps);
+  MOE_CHECK(scratch.is_cuda() && scratch.scalar_type() == at::kLong && scratch.is_contiguous(),
+            "step_cost: scratch must be a contiguous CUDA int64 tensor");
+  MOE_CHECK(blocks >= 1 && blocks <= num_sms(scratch.device().index()), "step_cost: blocks must be 1..",
+            num_sms(scratch.device().index()), ", got ", blocks);
+  MOE_CHECK(chain_words >= 0 && scratch.numel() >= step_own_offset(chain_words) + blocks * STEP_BLOCK_WORDS,
+            "step_cost: scratch must hold the chain (rounded up to even) + blocks * ", STEP_BLOCK_WORDS,
+            " int64, has ", scratch.numel());
+  MOE_CHECK((kind != STEP_LOAD_CHAIN && kind != STEP_ACQUIRE_CHAIN) || chain_words >= blocks,
+            "step_cost: the load chains need chain_words >= blocks (word b: block b's first index)");
+  MOE_CHECK((reinterpret_cast<uintptr_t>(scratch.data_ptr()) & 15) == 0, "step_cost: scratch must be 16-byte aligned");
+  MOE_CHECK(out.is_cuda() && out.scalar_type() == at::kDouble && out.numel() >= blocks && out.device() == scratch.device(),
+            "step_cost: out must be a CUDA float64 tensor of >= blocks elements on scratch's device");
+  c10::cuda::CUDAGuard guard(scratch.device());
+  step_probe_kernel<<<(int)blocks, STEP_THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      (int)kind, (int)reps, reinterpret_cast<long long*>(scratch.data_ptr()), chain_words, out.data_ptr<double>());
+  CUDA_OK(cudaGetLastError());
 }
 
 // Timeline stamps (diagnostic): mode 1 resets them and turns them on, 0 turns them off; both

@@ -5,8 +5,10 @@ at prefill sizes). Fresh seed per run (printed); MOE_TEST_SEED replays one."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
 import sys
 import time
 
@@ -220,3 +222,25 @@ def test_bulk_load_probe_loads_every_stage() -> None:
         for v in src[: (nbytes + 4095) // 4096 * 1024 : 1024].tolist():
             want ^= v
         assert got == want, (mode, nbytes, blocks, got, want)
+
+
+def test_step_costs_probe_times_every_step(tmp_path) -> None:
+    """scripts/step_costs.py (the cost of one dependent step of each kind) runs every step at 1,
+    32 and one block per SM and writes its JSON; its numbers are ordered as the hardware must
+    order them: a load from L2 and a store with a fence cost more than the timer loop alone, a
+    load from memory more than one from L2."""
+    out = tmp_path / "costs.json"
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "step_costs.py")
+    proc = subprocess.run([sys.executable, script, "--reps", "64", "--trials", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    steps = res["ns_per_step"]
+    assert set(steps) == {"timer", "l2_load", "hbm_load", "acquire_load", "store_fence_sys", "store_fence_gpu",
+                          "release_store_sys", "release_add_sys", "atomic_chain", "block_barrier", "portion"}
+    med = {name: by_blocks["1"]["median"] for name, by_blocks in steps.items()}
+    assert all(v > 0 for v in med.values()), med
+    assert med["l2_load"] > med["timer"] and med["hbm_load"] > med["l2_load"], med
+    assert med["store_fence_sys"] > med["timer"] and med["store_fence_gpu"] > med["timer"], med
+    assert set(steps["portion"]) == {"1", "32", str(torch.cuda.get_device_properties(0).multi_processor_count)}
+    assert res["machine"]["commit"], res["machine"]
