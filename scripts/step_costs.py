@@ -118,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     for step, by_blocks in res.items():
         print(f"  {step:<18}" + "".join(f"  {b:>3} blocks {s['median']:8.0f}" for b, s in by_blocks.items()))
     if args.out:
-        with open(args.out, "w") as f:
-            from moe_backend.bench import machine_info
+        from moe_backend.bench import machine_info
 
-        json.dump({"machine": machine_info(), "device": name, "reps": args.reps, "trials": args.trials,
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine_info(), "device": name, "reps": args.reps, "trials": args.trials,
                        "ns_per_step": res}, f, indent=1)
     return 0
 
