@@ -266,8 +266,19 @@ enum StepKind {
   STEP_BLOCK_BARRIER,      // __syncthreads of the whole block
   STEP_PORTION,            // the table portion's shape: every thread stores 64 B, barrier, thread 0's
                            // release add, barrier (8 KB a step for 128 threads)
+  STEP_CODE_FIRST,         // one pass through STEP_CODE_OPS straight-line dependent multiply-adds (~32 KB
+                           // of code) the SM has not run yet: its instruction fetches; per op (reps ignored)
+  STEP_CODE_AGAIN,         // the same code run once untimed, then `reps` timed passes: per op, warm
   STEP_KINDS
 };
+constexpr int STEP_CODE_OPS = 2048;
+// Straight-line code: each op x * x + its own constant (one 16-byte IMAD; squaring, so the
+// compiler cannot fold the chain into one affine map as it could x * a + b).
+__device__ __forceinline__ unsigned straight_code(unsigned x) {
+#pragma unroll
+  for (int i = 0; i < STEP_CODE_OPS; ++i) x = x * x + (unsigned)(i * 2654435761u + 1u);
+  return x;
+}
 constexpr int STEP_THREADS = 128;
 // Per block: 16 words (counters, release targets), then the portion's 8 KB of rows.
 constexpr long long STEP_BLOCK_WORDS = 16 + STEP_THREADS * 8;
@@ -279,6 +290,17 @@ __global__ void __launch_bounds__(STEP_THREADS) step_probe_kernel(int kind, int 
   long long* own = chain + step_own_offset(chain_words) + (long long)blockIdx.x * STEP_BLOCK_WORDS;
   long long idx = chain_words > (long long)blockIdx.x ? chain[blockIdx.x] : 0;
   __syncthreads();
+  if (kind == STEP_CODE_FIRST || kind == STEP_CODE_AGAIN) {  // thread 0 of each block; per op
+    unsigned x = (unsigned)idx + blockIdx.x;
+    if (kind == STEP_CODE_AGAIN && tid == 0) x = straight_code(x);
+    const unsigned long long c0 = gtimer();
+    const int passes = kind == STEP_CODE_FIRST ? 1 : reps;
+    if (tid == 0)
+      for (int r = 0; r < passes; ++r) x = straight_code(x);
+    const unsigned long long c1 = gtimer();
+    if (tid == 0) out[blockIdx.x] = x == 0x9e3779b9u ? -1.0 : (double)(c1 - c0) / ((double)passes * STEP_CODE_OPS);
+    return;
+  }
   const unsigned long long t0 = gtimer();
   for (int r = 0; r < reps; ++r) {
     switch (kind) {

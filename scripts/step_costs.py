@@ -13,7 +13,9 @@ value, over lines that stay in L2 / over lines spread past the L2, each trial on
 one block only), acquire_load (the same in L2 by ld.acquire.sys, the polls' load), store +
 fence.sc.sys / fence.sc.gpu, release store (sys), release add (sys, the table's announce), atomic
 chain, block barrier, and portion (every thread stores 64 B, barrier, a release add, barrier:
-one 8 KB table portion without its loads).
+one 8 KB table portion without its loads). code_first_pass / code_again: ns per instruction of
+~32 KB of straight-line dependent multiply-adds on their first pass through an SM (instruction
+fetches included) and on later passes (warm).
 
     python3 scripts/step_costs.py [--device 0] [--reps 256] [--trials 9] [--out costs.json]
 """
@@ -34,7 +36,8 @@ if ROOT not in sys.path:
 
 # Step name -> the kernel's StepKind (csrc/probes.cuh).
 KINDS = {"timer": 0, "l2_load": 1, "hbm_load": 1, "acquire_load": 2, "store_fence_sys": 3, "store_fence_gpu": 4,
-         "release_store_sys": 5, "release_add_sys": 6, "atomic_chain": 7, "block_barrier": 8, "portion": 9}
+         "release_store_sys": 5, "release_add_sys": 6, "atomic_chain": 7, "block_barrier": 8, "portion": 9,
+         "code_first_pass": 10, "code_again": 11}
 BLOCK_WORDS = 16 + 128 * 8  # STEP_BLOCK_WORDS: each block's own int64 words after the chain
 LINE_WORDS = 16  # 128-byte lines
 L2_NODES = 64  # an 8 KB cycle of lines: always in L2 after the first pass
