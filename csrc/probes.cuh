@@ -252,8 +252,8 @@ std::vector<double> launch_cost(int64_t iters, int64_t device) {
 // block writes its ns per step (from %globaltimer around the loop) to out[block]. `scratch`
 // starts with `chain_words` int64 of load chain laid out by the caller: word b is block b's
 // first index, and every word a chain visits holds the index of the next (a few lines in L2, or
-// lines spread wider than the L2 for memory); then each block's own words (STEP_BLOCK_WORDS each).
-// Steps:
+// lines spread wider than the L2 for memory; the kernel follows them unchecked, so the layout
+// must stay inside the chain); then each block's own words (STEP_BLOCK_WORDS each). Steps:
 enum StepKind {
   STEP_TIMER = 0,          // nothing: the loop and the timer's own cost
   STEP_LOAD_CHAIN,         // one load whose address is the previous load's value (ld.global.cg)
