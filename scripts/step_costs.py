@@ -34,6 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from moe_backend.bench import machine_info, stats  # noqa: E402  (after the repository is on the path)
+
 # Step name -> the kernel's StepKind (csrc/probes.cuh).
 KINDS = {"timer": 0, "l2_load": 1, "hbm_load": 1, "acquire_load": 2, "store_fence_sys": 3, "store_fence_gpu": 4,
          "release_store_sys": 5, "release_add_sys": 6, "atomic_chain": 7, "block_barrier": 8, "portion": 9,
@@ -58,12 +60,6 @@ def chain_layout(nodes: int, spacing: int, starts: list[int], seed: int) -> tupl
     words[index] = torch.roll(index, -1)  # each line holds the next line's index
     words[: len(starts)] = index[torch.tensor(starts) % nodes]
     return words, index
-
-
-def _stats(v: list[float]) -> dict[str, float]:
-    s = sorted(v)
-    pick = lambda q: s[int(q * (len(s) - 1) + 0.5)]  # noqa: E731
-    return {"p10": pick(0.1), "median": statistics.median(s), "p90": pick(0.9)}
 
 
 def measure(device: torch.device, reps: int, trials: int, block_counts: list[int]) -> dict[str, dict[str, dict]]:
@@ -96,7 +92,7 @@ def measure(device: torch.device, reps: int, trials: int, block_counts: list[int
                 torch.cuda.synchronize(device)
                 if trial > 0:
                     per_trial.append(statistics.median(res.tolist()))
-            out[name][str(blocks)] = _stats(per_trial)
+            out[name][str(blocks)] = stats(per_trial)
     return out
 
 
@@ -121,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     for step, by_blocks in res.items():
         print(f"  {step:<18}" + "".join(f"  {b:>3} blocks {s['median']:8.0f}" for b, s in by_blocks.items()))
     if args.out:
-        from moe_backend.bench import machine_info
-
         with open(args.out, "w") as f:
             json.dump({"machine": machine_info(), "device": name, "reps": args.reps, "trials": args.trials,
                        "ns_per_step": res}, f, indent=1)
