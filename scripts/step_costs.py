@@ -15,7 +15,10 @@ fence.sc.sys / fence.sc.gpu, release store (sys), release add (sys, the table's 
 chain, block barrier, and portion (every thread stores 64 B, barrier, a release add, barrier:
 one 8 KB table portion without its loads). code_first_pass / code_again: ns per instruction of
 ~32 KB of straight-line dependent multiply-adds on their first pass through an SM (instruction
-fetches included) and on later passes (warm).
+fetches included) and on later passes (warm). jumps_*: ns per step of branchy code, each step a
+taken branch over ~1 KB of code it does not run: first pass, warm, and first pass after ~256 KB of
+other code ran on every SM (code_evict, its ns per instruction), which evicts the SMs' instruction
+caches (jumps_cold_sm, code_cold_sm), or after an L2 flush too (jumps_cold_l2).
 
     python3 scripts/step_costs.py [--device 0] [--reps 256] [--trials 9] [--out costs.json]
 """
@@ -39,7 +42,12 @@ from moe_backend.bench import machine_info, stats  # noqa: E402  (after the repo
 # Step name -> the kernel's StepKind (csrc/probes.cuh).
 KINDS = {"timer": 0, "l2_load": 1, "hbm_load": 1, "acquire_load": 2, "store_fence_sys": 3, "store_fence_gpu": 4,
          "release_store_sys": 5, "release_add_sys": 6, "atomic_chain": 7, "block_barrier": 8, "portion": 9,
-         "code_first_pass": 10, "code_again": 11}
+         "code_first_pass": 10, "code_again": 11, "code_cold_sm": 10, "jumps_first_pass": 12,
+         "jumps_cold_sm": 12, "jumps_cold_l2": 12, "jumps_again": 13, "code_evict": 14}
+EVICT = 14  # StepKind STEP_CODE_EVICT: ~256 KB of code of its own, run on every SM
+# Steps whose every launch follows the evictor on every SM ("sm"), or an L2 flush and then the
+# evictor ("l2"): their first pass fetches the probe's code from the L2 / from memory.
+COLD = {"code_cold_sm": "sm", "jumps_cold_sm": "sm", "jumps_cold_l2": "l2"}
 BLOCK_WORDS = 16 + 128 * 8  # STEP_BLOCK_WORDS: each block's own int64 words after the chain
 LINE_WORDS = 16  # 128-byte lines
 L2_NODES = 64  # an 8 KB cycle of lines: always in L2 after the first pass
@@ -68,6 +76,9 @@ def measure(device: torch.device, reps: int, trials: int, block_counts: list[int
 
     op = rt.ops().step_cost.default
     flush = torch.empty(1 << 26, dtype=torch.int32, device=device)  # 256 MB: writing it evicts the L2
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    evict_scratch = torch.zeros(sms * BLOCK_WORDS, dtype=torch.int64, device=device)
+    evict_out = torch.zeros(sms, dtype=torch.float64, device=device)
     out: dict[str, dict[str, dict]] = {}
     for name, kind in KINDS.items():
         counts = [1] if name == "hbm_load" else block_counts
@@ -88,6 +99,10 @@ def measure(device: torch.device, reps: int, trials: int, block_counts: list[int
                 if name == "hbm_load":
                     scratch[0] = int(order[trial * reps])
                     flush.zero_()
+                if name in COLD:
+                    if COLD[name] == "l2":
+                        flush.zero_()
+                    op(evict_scratch, 0, evict_out, EVICT, 1, sms)
                 op(scratch, words, res, kind, reps, blocks)
                 torch.cuda.synchronize(device)
                 if trial > 0:

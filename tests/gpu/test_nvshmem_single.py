@@ -229,7 +229,7 @@ def test_step_costs_probe_times_every_step(tmp_path) -> None:
     32 and one block per SM and writes its JSON; its numbers are ordered as the hardware must
     order them: a load from L2 and a store with a fence cost more than the timer loop alone, a
     load from memory more than one from L2, code's first pass (its instruction fetches) no less
-    than its warm passes."""
+    than its warm passes, straight or branchy, after other code evicted it or not."""
     out = tmp_path / "costs.json"
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "step_costs.py")
     proc = subprocess.run([sys.executable, script, "--reps", "64", "--trials", "3", "--out", str(out)],
@@ -239,11 +239,14 @@ def test_step_costs_probe_times_every_step(tmp_path) -> None:
     steps = res["ns_per_step"]
     assert set(steps) == {"timer", "l2_load", "hbm_load", "acquire_load", "store_fence_sys", "store_fence_gpu",
                           "release_store_sys", "release_add_sys", "atomic_chain", "block_barrier", "portion",
-                          "code_first_pass", "code_again"}
+                          "code_first_pass", "code_again", "code_cold_sm", "jumps_first_pass", "jumps_cold_sm",
+                          "jumps_cold_l2", "jumps_again", "code_evict"}
     med = {name: by_blocks["1"]["median"] for name, by_blocks in steps.items()}
     assert all(v > 0 for v in med.values()), med
     assert med["l2_load"] > med["timer"] and med["hbm_load"] > med["l2_load"], med
     assert med["store_fence_sys"] > med["timer"] and med["store_fence_gpu"] > med["timer"], med
     assert med["code_first_pass"] >= 0.9 * med["code_again"] > 0, med  # fetches never make code faster
+    assert med["jumps_cold_sm"] >= 0.9 * med["jumps_again"] > 0, med
+    assert med["jumps_cold_l2"] >= 0.9 * med["jumps_again"], med
     assert set(steps["portion"]) == {"1", "32", str(torch.cuda.get_device_properties(0).multi_processor_count)}
     assert res["machine"]["commit"], res["machine"]
