@@ -269,12 +269,15 @@ enum StepKind {
   STEP_CODE_FIRST,         // one pass through STEP_CODE_OPS straight-line dependent multiply-adds (~32 KB
                            // of code) the SM has not run yet: its instruction fetches; per op (reps ignored)
   STEP_CODE_AGAIN,         // the same code run once untimed, then `reps` timed passes: per op, warm
-  STEP_JUMPS_FIRST,        // one pass through JUMP_STEPS hot steps, each a taken branch over JUMP_GAP_OPS
-                           // never-run ops (1 KB) to the next: branchy code's fetches; per hot step
+  STEP_JUMPS_FIRST,        // one pass through JUMP_STEPS hot steps, each a taken branch over 64 never-run
+                           // ops (1 KB) to the next: branchy code's fetches; per hot step
   STEP_JUMPS_AGAIN,        // the same run once untimed, then `reps` timed passes: per hot step, warm
   STEP_CODE_EVICT,         // EVICT_FUNCS x STEP_CODE_OPS straight-line ops of their own (~256 KB), run once
                            // by each block: run on every SM before a first pass, it evicts the SMs'
                            // instruction caches of the probe's code; per op
+  STEP_JUMPS_64B,          // STEP_JUMPS_FIRST with jumps over 64 B, 256 B and 4 KB of code: which
+  STEP_JUMPS_256B,         // jumps land on code the fetch has not yet brought
+  STEP_JUMPS_4KB,
   STEP_KINDS
 };
 constexpr int STEP_CODE_OPS = 2048;
@@ -285,18 +288,19 @@ __device__ __forceinline__ unsigned straight_code(unsigned x) {
   for (int i = 0; i < STEP_CODE_OPS; ++i) x = x * x + (unsigned)(i * 2654435761u + 1u);
   return x;
 }
-// Branchy code (round 42): the hot path jumps over a never-run block of JUMP_GAP_OPS ops at
-// every step, so each step lands on code ~1 KB further on, as a kernel's path through code it
-// skips does. `never` is a runtime value the chain's values do not take (were it taken, the
-// step would only run its block too).
+// Branchy code (round 42): the hot path jumps over a never-run block of GAP ops (16 B each) at
+// every step, so each step lands on code GAP * 16 B further on, as a kernel's path through code
+// it skips does. `never` is a runtime value the chain's values do not take (were it taken, the
+// step would only run its block too). ptxas lays the blocks out in source order whatever the
+// branch hints (__builtin_expect, [[unlikely]]: the same SASS).
 constexpr int JUMP_STEPS = 64;
-constexpr int JUMP_GAP_OPS = 64;
+template <int GAP>
 __device__ __forceinline__ unsigned jump_code(unsigned x, unsigned never) {
 #pragma unroll
   for (int j = 0; j < JUMP_STEPS; ++j) {
     if (x == never) {
 #pragma unroll
-      for (int i = 0; i < JUMP_GAP_OPS; ++i) x = x * x + (unsigned)(i * 40503u + (unsigned)j * 977u + 3u);
+      for (int i = 0; i < GAP; ++i) x = x * x + (unsigned)(i * 40503u + (unsigned)j * 977u + 3u);
     }
     x = x * x + (unsigned)(j * 2654435761u + 7u);
   }
@@ -338,16 +342,21 @@ __global__ void __launch_bounds__(STEP_THREADS) step_probe_kernel(int kind, int 
     if (tid == 0) out[blockIdx.x] = x == 0x9e3779b9u ? -1.0 : (double)(c1 - c0) / ((double)passes * STEP_CODE_OPS);
     return;
   }
-  if (kind == STEP_JUMPS_FIRST || kind == STEP_JUMPS_AGAIN || kind == STEP_CODE_EVICT) {  // thread 0; per step
+  if (kind >= STEP_JUMPS_FIRST) {  // thread 0; per step
     unsigned x = (unsigned)idx + blockIdx.x + 1u;
     const unsigned never = (unsigned)chain_words ^ 0x9e3779b9u;
-    if (kind == STEP_JUMPS_AGAIN && tid == 0) x = jump_code(x, never);
+    if (kind == STEP_JUMPS_AGAIN && tid == 0) x = jump_code<64>(x, never);
     const int passes = kind == STEP_JUMPS_AGAIN ? reps : 1;
     const unsigned long long c0 = gtimer();
     if (tid == 0) {
-      if (kind == STEP_CODE_EVICT) x = evict_all(x);
-      else
-        for (int r = 0; r < passes; ++r) x = jump_code(x, never);
+      switch (kind) {
+        case STEP_CODE_EVICT: x = evict_all(x); break;
+        case STEP_JUMPS_64B: x = jump_code<4>(x, never); break;
+        case STEP_JUMPS_256B: x = jump_code<16>(x, never); break;
+        case STEP_JUMPS_4KB: x = jump_code<256>(x, never); break;
+        default:
+          for (int r = 0; r < passes; ++r) x = jump_code<64>(x, never);
+      }
     }
     const unsigned long long c1 = gtimer();
     const double steps = kind == STEP_CODE_EVICT ? (double)EVICT_FUNCS * STEP_CODE_OPS : (double)passes * JUMP_STEPS;

@@ -18,7 +18,8 @@ one 8 KB table portion without its loads). code_first_pass / code_again: ns per 
 fetches included) and on later passes (warm). jumps_*: ns per step of branchy code, each step a
 taken branch over ~1 KB of code it does not run: first pass, warm, and first pass after ~256 KB of
 other code ran on every SM (code_evict, its ns per instruction), which evicts the SMs' instruction
-caches (jumps_cold_sm, code_cold_sm), or after an L2 flush too (jumps_cold_l2).
+caches (jumps_cold_sm, code_cold_sm), or after an L2 flush too (jumps_cold_l2); and after the
+evictor, jumps over 64 B, 256 B and 4 KB instead of 1 KB (jumps_64b_cold_sm, ...).
 
     python3 scripts/step_costs.py [--device 0] [--reps 256] [--trials 9] [--out costs.json]
 """
@@ -43,11 +44,13 @@ from moe_backend.bench import machine_info, stats  # noqa: E402  (after the repo
 KINDS = {"timer": 0, "l2_load": 1, "hbm_load": 1, "acquire_load": 2, "store_fence_sys": 3, "store_fence_gpu": 4,
          "release_store_sys": 5, "release_add_sys": 6, "atomic_chain": 7, "block_barrier": 8, "portion": 9,
          "code_first_pass": 10, "code_again": 11, "code_cold_sm": 10, "jumps_first_pass": 12,
-         "jumps_cold_sm": 12, "jumps_cold_l2": 12, "jumps_again": 13, "code_evict": 14}
+         "jumps_cold_sm": 12, "jumps_cold_l2": 12, "jumps_again": 13, "code_evict": 14,
+         "jumps_64b_cold_sm": 15, "jumps_256b_cold_sm": 16, "jumps_4kb_cold_sm": 17}
 EVICT = 14  # StepKind STEP_CODE_EVICT: ~256 KB of code of its own, run on every SM
 # Steps whose every launch follows the evictor on every SM ("sm"), or an L2 flush and then the
 # evictor ("l2"): their first pass fetches the probe's code from the L2 / from memory.
-COLD = {"code_cold_sm": "sm", "jumps_cold_sm": "sm", "jumps_cold_l2": "l2"}
+COLD = {"code_cold_sm": "sm", "jumps_cold_sm": "sm", "jumps_cold_l2": "l2", "jumps_64b_cold_sm": "sm",
+        "jumps_256b_cold_sm": "sm", "jumps_4kb_cold_sm": "sm"}
 BLOCK_WORDS = 16 + 128 * 8  # STEP_BLOCK_WORDS: each block's own int64 words after the chain
 LINE_WORDS = 16  # 128-byte lines
 L2_NODES = 64  # an 8 KB cycle of lines: always in L2 after the first pass

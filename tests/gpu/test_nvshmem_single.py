@@ -240,7 +240,8 @@ def test_step_costs_probe_times_every_step(tmp_path) -> None:
     assert set(steps) == {"timer", "l2_load", "hbm_load", "acquire_load", "store_fence_sys", "store_fence_gpu",
                           "release_store_sys", "release_add_sys", "atomic_chain", "block_barrier", "portion",
                           "code_first_pass", "code_again", "code_cold_sm", "jumps_first_pass", "jumps_cold_sm",
-                          "jumps_cold_l2", "jumps_again", "code_evict"}
+                          "jumps_cold_l2", "jumps_again", "code_evict", "jumps_64b_cold_sm", "jumps_256b_cold_sm",
+                          "jumps_4kb_cold_sm"}
     med = {name: by_blocks["1"]["median"] for name, by_blocks in steps.items()}
     assert all(v > 0 for v in med.values()), med
     assert med["l2_load"] > med["timer"] and med["hbm_load"] > med["l2_load"], med
