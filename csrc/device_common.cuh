@@ -40,7 +40,6 @@ struct Params {
   int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
   int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   int table_prefetch;  // direct table, one id per thread: id and weight loaded before the masks are cleared
-  int warp_table;      // direct table of <= 32 (token, k) entries by one warp, no masks or barriers (round 42)
   int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
@@ -728,75 +727,6 @@ __device__ void put_direct_table(const Params& p, long long toff, const char* st
   }
 }
 
-// Direct table of at most 32 (token, k) entries (decode: n * topk <= 32) by one warp (round 42,
-// p.warp_table): the same words as write_table_direct, each lane one entry, the ranks and counts
-// from the lanes holding the same expert (__match_any_sync), so no shared-memory masks and no
-// block barriers. What it saves is mostly code: a kernel's first pass through its code pays
-// ~130-200 ns for every taken jump to a line not yet fetched (scripts/step_costs.py, jumps_*), and
-// the block-wide table took ~15 such jumps before its last word (the 1-token fused dispatch's
-// ncu: 63% of its stall samples waited for an instruction). `cnt` is E ints of shared memory.
-__device__ void write_table_warp(const Params& p, long long toff, const int* __restrict__ ids,
-                                 const float* __restrict__ w, int n, int* cnt, unsigned long long round) {
-  const int lane = threadIdx.x & 31, E = p.E, topk = p.topk;
-  const bool ll = p.ll_table != 0;
-  const bool mine = lane < n * topk;
-  int id = -1;
-  float wv = 0.0f;
-  if (mine) {
-    id = ids[lane];
-    if (w) wv = w[lane];
-  }
-  for (int e = lane; e < E; e += 32) cnt[e] = 0;
-  const bool valid = mine && id >= 0 && id < E;
-  const int t = lane / topk;
-  // The lanes holding this lane's expert (a dropped or unused lane matches only itself); its rank
-  // is the number of earlier tokens among them, its count all their tokens (a token counts once,
-  // as its mask bit does in write_table_direct).
-  const unsigned same = __match_any_sync(0xffffffffu, valid ? id : E + lane);
-  const unsigned tok = topk >= 32 ? 0xffffffffu : (1u << topk) - 1u;
-  int rank = 0, total = 0;
-  for (int u = 0; u < n; ++u) {
-    const int has = ((same >> (u * topk)) & tok) != 0;
-    total += has;
-    rank += u < t ? has : 0;
-  }
-  __syncwarp();
-  if (valid && (same & ((1u << lane) - 1u)) == 0) cnt[id] = total;  // the lowest lane of each expert
-  __syncwarp();
-  const int v = valid ? (rank << 16) | id : -1;
-  if (mine) {
-    for (int r = 0; r < p.W; ++r) {
-      char* d = p.peer[r] + toff;
-      if (ll) {
-        st_tagged2(d + ll_entry_off(p, t, lane % topk), (unsigned)v, __float_as_uint(wv), round);
-      } else {
-        const long long o = table_token_off(p, t) + (lane % topk) * 4;
-        *reinterpret_cast<int*>(d + o) = v;
-        if (w) *reinterpret_cast<float*>(d + o + topk * 4) = wv;
-      }
-    }
-  }
-  // Expert e's count only to its owner, rank e / L, as write_table_direct.
-  const long long coff = 16 + (long long)p.M * topk * 8;
-  for (int r = 0; r < p.W; ++r) {
-    char* d = p.peer[r] + toff;
-    for (int e = r * p.L + lane; e < (r + 1) * p.L; e += 32) {
-      if (ll) st_tagged(d + ll_count_off(p) + e * 8, (unsigned)cnt[e], round);
-      else *reinterpret_cast<int*>(d + coff + e * 4) = cnt[e];
-    }
-  }
-  if (lane == 0)
-    for (int r = 0; r < p.W; ++r) {
-      char* d = p.peer[r] + toff;
-      if (ll) {
-        st_tagged2(d, (unsigned)n, w ? 1u : 0u, round);
-      } else {
-        reinterpret_cast<int*>(d)[0] = n;
-        reinterpret_cast<int*>(d)[1] = w ? 1 : 0;
-      }
-    }
-}
-
 // Send blocks that write a part of the table: the portions, or the direct table's blocks.
 __host__ __device__ inline int table_blocks(const Params& p) { return p.direct ? p.direct_blocks : table_portions(p); }
 
@@ -808,24 +738,6 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (p.direct && p.warp_table && n * p.topk <= 32) {  // warp 0 of block 0 writes it all
-        if (j == 0 && threadIdx.x < 32) {
-          write_table_warp(p, toff, ids, w, n, reinterpret_cast<int*>(msk), round);
-          __syncwarp();  // every lane's stores precede lane 0's announce (as the barrier below)
-          if (threadIdx.x == 0 && !p.ll_table) {
-            // One announce for the table's direct_blocks shares: the receive waits for the count.
-            const unsigned long long k = (unsigned long long)p.direct_blocks;
-            if (!p.entry_release) __threadfence_system();
-            for (int r = 0; r < p.W; ++r) {
-              unsigned long long* sig = sigp(p, p.peer[r], sig_table(p, p.group));
-              if (p.entry_release) red_add_release_sys(sig, k);
-              else atomicAdd_system(sig, k);
-            }
-          }
-          if (threadIdx.x == 0) stamp_exit(ST_SEND_TABLE);
-        }
-        continue;
-      }
       if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();  // (the next portion's masks, if this block writes another)

@@ -267,8 +267,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 24 (one H200, world size 1): dispatch 1 / 32 / 128 tokens 12.8-12.9 / 13.5-13.6 / 15.1
   // -> 12.5-12.6 / 13.3-13.4 / 14.7-14.8 us.
   p->table_prefetch = env_switch("MOE_BACKEND_NVSHMEM_TABLE_PREFETCH", true) ? 1 : 0;
-  // Round 42: the direct table of <= 32 (token, k) entries by one warp (write_table_warp).
-  p->warp_table = env_switch("MOE_BACKEND_NVSHMEM_WARP_TABLE", false, true) ? 1 : 0;
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
   p->ll_table = p->direct && ll_on ? 1 : 0;

@@ -122,49 +122,6 @@ def test_contract_on_one_gpu(variant: str) -> None:
     launch.spawn(_one_rank_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
 
 
-def warp_table_cases(seed: int) -> list[Case]:
-    """Arenas of a few tokens, whose direct table fits one warp (n * topk <= 32) or just does not
-    (5 tokens of topk 8, 33 entries: the block-wide table): every routing and count mode,
-    topk 1 to 32 (32: one token fills the warp), experts 8 to 256, bf16 and fp8 with scales."""
-    shapes = [(256, 8, 1), (256, 8, 4), (256, 8, 5), (64, 1, 32), (16, 2, 16), (8, 4, 3), (64, 32, 1), (40, 3, 10)]
-    cases = []
-    for i, (experts, topk, tokens) in enumerate(shapes):
-        for r, routing in enumerate(ROUTINGS):
-            fp8 = (i + r) % 2 == 1
-            spec = CommSpec(num_experts=experts, topk=topk, hidden=256, max_num_tokens=tokens, world_size=1,
-                            in_dtype=_workers.FP8 if fp8 else torch.bfloat16, scale_block_size=128 if fp8 else None)
-            cases.append(Case(spec, routing, seed * 1000 + 10 * i + r, (i + r) % 3 != 0,
-                              NUM_TOKENS_MODES[(i + r) % 3]))
-    return cases
-
-
-def _warp_table_worker(seed: int, env: dict[str, str]) -> None:
-    os.environ.update(env)  # read when an arena is created
-    for case in warp_table_cases(seed):
-        comm = Communicator(case.spec, backend="nvshmem", transport="nvlink", sync_check=True)
-        try:
-            for _ in range(3):  # later rounds on the same arena: the tags and counts of each round
-                run_case(comm, case)
-        except Exception as err:
-            raise AssertionError(f"[{env}] {case.describe()}: {err}") from err
-        finally:
-            comm.close()
-
-
-WARP_TABLE = {"MOE_BACKEND_NVSHMEM_WARP_TABLE": "1"}
-
-
-@pytest.mark.parametrize("variant", ["tagged", "untagged", "self-send", "split"])
-def test_warp_table_on_one_gpu(variant: str) -> None:
-    """The direct table written by one warp (WARP_TABLE=1, round 42) is bit-exact: with the tagged
-    table, with the table's flag (LL_TABLE=0: one announce for the table blocks' shares), through
-    the slots (SELF_SEND=1) and with the send and receive as two kernels."""
-    env = {**WARP_TABLE, **{"tagged": {}, "untagged": {"MOE_BACKEND_NVSHMEM_LL_TABLE": "0"}, "self-send": SELF_SEND,
-                            "split": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}}[variant]}
-    print(f"seed={SEED}")
-    launch.spawn(_warp_table_worker, 1, SEED, env, dist_backend="nccl", timeout=300)
-
-
 def test_contract_with_few_sms_on_one_gpu() -> None:
     """Kernels sized for 4 SMs (backend option num_sms), the fused combine forced: its rows come
     by bulk copies by default there, in cases up to DeepSeek prefill's 4096 tokens."""
