@@ -10,10 +10,16 @@ instruction: executions, stall samples per reason) and prints:
 4. the barrier waits: each `BAR.SYNC` with the `stall_barrier` samples of the instructions
    after it, up to the next one (a warp waiting at a barrier is sampled at the instruction it
    will issue next): which step of the kernel the other warps wait for. With the kernel's
-   duration and warp count, a sample is converted into warp-time.
+   duration and warp count, a sample is converted into warp-time;
+5. with --runs, the stretches of consecutive instructions the kernel ran, in address order:
+   their start and end (bytes from the kernel's first instruction), instructions, the most
+   warps that ran any of them, their `stall_no_inst` samples (waiting for an instruction), and
+   the gap jumped over to reach them. On a kernel's first pass each jump of 1 KB or more costs
+   its warp ~0.15-0.2 us (scripts/step_costs.py, jumps_*), so the stretches a warp's path
+   crosses tell what its instruction fetches cost (docs/PERF_NOTES.md, round 42).
 
     python3 scripts/ncu_groups.py KERNEL_sass.csv[.gz] [--groups 12] [--top 20]
-                                  [--duration-us US --warps N]
+                                  [--duration-us US --warps N] [--runs]
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=20, help="instructions with the most stall samples to print")
     ap.add_argument("--duration-us", type=float, help="the kernel's duration (ncu's Duration), for warp-time")
     ap.add_argument("--warps", type=int, help="the kernel's warps (grid x block / 32), for warp-time")
+    ap.add_argument("--runs", action="store_true", help="print the stretches of code the kernel ran")
     args = ap.parse_args()
     header, rows = read_rows(args.csv)
     col = {name: i for i, name in enumerate(header)}
@@ -80,6 +87,8 @@ def main() -> None:
     if "stall_barrier" in col:
         per_sample = args.duration_us * args.warps / all_samples if args.duration_us and args.warps else None
         print_barrier_waits(rows, col, all_samples, per_sample)
+    if args.runs:
+        print_code_runs(code_runs(rows, col))
 
 
 def barrier_waits(rows: list[list[str]], col: dict[str, int]) -> list[tuple[int, list[str], float]]:
@@ -103,6 +112,42 @@ def print_barrier_waits(rows: list[list[str]], col: dict[str, int], all_samples:
             us = f"  {s * per_sample:8.1f} warp-us" if per_sample else ""
             runs, src = _num(r[col["Instructions Executed"]]), r[col["Source"]].strip()[:40]
             print(f"  #{i:<6} {runs:>10,.0f}  {s:6.0f} ({100 * s / all_samples:4.1f}%){us}  {src}")
+
+
+def code_runs(rows: list[list[str]], col: dict[str, int]) -> list[dict[str, int]]:
+    """The stretches of consecutive executed instructions (SASS instructions are 16 bytes), in
+    address order: start and end byte offsets from the kernel's first instruction, instructions,
+    the most executions of any of them (warps, where each warp runs the stretch once), their
+    stall_no_inst samples, and the bytes skipped since the previous stretch's end."""
+    if not rows:
+        return []
+    base = int(rows[0][col["Address"]], 16)
+    no_inst = col.get("stall_no_inst")
+    runs: list[dict[str, int]] = []
+    for r in rows:
+        ran = _num(r[col["Instructions Executed"]])
+        if not ran:
+            continue
+        at = int(r[col["Address"]], 16) - base
+        ni = int(_num(r[no_inst])) if no_inst is not None else 0
+        if runs and at == runs[-1]["end"] + 16:
+            run = runs[-1]
+            run.update(end=at, instructions=run["instructions"] + 1, warps=max(run["warps"], int(ran)),
+                       no_inst=run["no_inst"] + ni)
+        else:
+            gap = at - runs[-1]["end"] - 16 if runs else 0
+            runs.append({"start": at, "end": at, "instructions": 1, "warps": int(ran), "no_inst": ni, "gap": gap})
+    return runs
+
+
+def print_code_runs(runs: list[dict[str, int]]) -> None:
+    far = sum(1 for r in runs if r["gap"] >= 1024)
+    mid = sum(1 for r in runs if 256 <= r["gap"] < 1024)
+    print(f"code run: {len(runs)} stretches, reached by {far} jumps of >= 1 KB and {mid} of 256 B - 1 KB")
+    print("       start        end  instrs    warps  no_inst      gap")
+    for r in runs:
+        print(f"  {r['start']:#10x} {r['end']:#10x} {r['instructions']:7d} {r['warps']:8d} {r['no_inst']:8d}"
+              f" {r['gap']:8d}")
 
 
 if __name__ == "__main__":

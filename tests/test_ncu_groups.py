@@ -66,3 +66,23 @@ def test_barrier_waits_go_to_the_barrier_before_them_and_read_gzip(tmp_path: Pat
     assert "#0" in waits[1] and "     8 (40.0%)" in waits[1] and "32.0 warp-us" in waits[1]  # 6 + the MEMBAR's 2
     assert "#4" in waits[2] and "     8 (40.0%)" in waits[2] and "32.0 warp-us" in waits[2]
     assert len(waits) == 3
+
+
+def test_runs_are_the_stretches_of_code_that_ran(tmp_path: Path) -> None:
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_no_inst"]
+    rows = [["0x1000", "LDC R1", "3", "64", "3"], ["0x1010", "S2R R0", "0", "64", "0"],
+            ["0x1020", "BRA 0x1600", "1", "64", "1"], ["0x1030", "IADD3 R2", "0", "0", "0"],
+            ["0x1600", "ISETP P0", "5", "32", "5"], ["0x1610", "EXIT", "0", "32", "0"],
+            ["0x1620", "BRA 0x1620", "0", "0", "0"], ["0x1720", "MOV R3", "2", "2", "2"]]
+    lines = ['"Kernel Name","void k()"', ",".join(f'"{h}"' for h in header)]
+    lines += [",".join(f'"{c}"' for c in r) for r in rows]
+    path = tmp_path / "k_sass.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, str(SCRIPT), str(path), "--runs"], check=True, capture_output=True,
+                         text=True).stdout
+    assert "code run: 3 stretches, reached by 1 jumps of >= 1 KB and 1 of 256 B - 1 KB" in out
+    table = out.split("no_inst      gap")[1].split()
+    # start, end, instructions, warps, no_inst, gap of each stretch
+    assert table == ["0x0", "0x20", "3", "64", "4", "0", "0x600", "0x610", "2", "32", "5", "1488",
+                     "0x720", "0x720", "1", "2", "2", "256"]
