@@ -40,7 +40,6 @@ struct Params {
   int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
   int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   int table_prefetch;  // direct table, one id per thread: id and weight loaded before the masks are cleared
-  int prewarm;         // direct receive: a dry pass through its code before the tables are in (round 42)
   int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)

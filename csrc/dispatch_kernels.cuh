@@ -508,7 +508,7 @@ __device__ __forceinline__ void copy_tagged_piece(const Params& p, char* __restr
 __device__ __forceinline__ void copy_token_piece(const Params& p, char* __restrict__ tokens, float* __restrict__ scales,
                                                  const char* __restrict__ x, const char* __restrict__ xscale,
                                                  const int* rows, int nk, int gg, int tt, int piece, int P,
-                                                 unsigned long long round, int lane, bool dry = false) {
+                                                 unsigned long long round, int lane) {
   const bool own = gg == p.own_group;
   const long long uu = (long long)gg * p.M + tt;
   const int aligned_row = (p.row_bytes + 15) & ~15;
@@ -518,7 +518,7 @@ __device__ __forceinline__ void copy_token_piece(const Params& p, char* __restri
     arrived = wait_flag(p, sigp(p, p.sym, sig_token(p, gg, tt)), round, PH_DISPATCH_RECV, gg * p.tp + tt % p.tp);
   arrived = __shfl_sync(0xffffffffu, arrived, 0);
   __syncwarp();  // lane 0's acquire orders the whole warp's reads of the slot
-  if (!dry && (nk == 0 || !arrived)) return;  // (dry: nk is 0, the loads run, no row is stored)
+  if (nk == 0 || !arrived) return;
   const char* src = own ? x + (long long)tt * p.row_bytes : p.sym + p.off_disp + uu * p.slot_bytes;
   const char* ssrc = own ? xscale + (long long)tt * p.scale_bytes : src + aligned_row;
   if (((reinterpret_cast<uintptr_t>(src) | (uintptr_t)p.row_bytes) & 15) == 0) {
@@ -680,7 +680,7 @@ struct DirectOut {
   int* sk;
 };
 
-template <bool LL, bool ROWS = false, bool PW = false>  // PW: p.prewarm (its own instances: the loop spills)
+template <bool LL, bool ROWS = false>
 __device__ __forceinline__ void dispatch_direct_body(const Params& p, const DirectOut& o, const char* __restrict__ x,
                                                      const char* __restrict__ xscale, int xrows) {
   char* __restrict__ tokens = o.tokens;
@@ -739,16 +739,6 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     pre_now = tagged_now(en, round);
   }
   if (blockIdx.x == 0 && tid < p.W) wait_flag(p, sigp(p, p.sym, sig_arrive(p, tid)), round, PH_DISPATCH_RECV, tid);
-  // Prewarm (round 42, p.prewarm): the code below runs twice, first as a dry pass before the
-  // tables are in: no waits, no global stores, stale table words, the copies with no rows. A
-  // kernel's first pass through its code stalls ~0.15-0.2 us at each jump to a line not yet
-  // fetched (scripts/step_costs.py, jumps_*; this path takes ~10), and the SMs do not keep code
-  // from one launch to the next: the dry pass takes those jumps while the tables are on their way,
-  // and the real pass runs the same instructions (one loop body, not unrolled) warm.
-#pragma unroll 1
-  for (int pass = PW ? 0 : 1; pass < 2; ++pass) {
-  const bool dry = PW && pass == 0;
-  if (PW && !dry) __syncthreads();  // the dry pass's reads of base, sh_n, sh_rows are done
   if constexpr (ll) {
     // Group g's tagged count of this rank's local expert e.
     auto count_word = [&](int g, int e) {
@@ -756,8 +746,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     };
     if (tid < G) {
       const char* h = tbl + (long long)tid * p.table_bytes;
-      const unsigned long long hv = ld_tagged(h);
-      const int n = (int)(unsigned)(dry ? hv : poll_tagged(p, h, hv, round, tid * p.tp));
+      const int n = (int)(unsigned)poll_tagged(p, h, ld_tagged(h), round, tid * p.tp);
       sh_n[tid] = n < 0 ? 0 : (n > M ? M : n);
     }
     for (int e = tid; e < L; e += blockDim.x) {
@@ -772,7 +761,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
           if (g0 + u < G) {
             const int g = g0 + u;
             base[g * L + e] = acc;
-            acc += (int)(unsigned)(dry ? v[u] : poll_tagged(p, count_word(g, e), v[u], round, g * p.tp));
+            acc += (int)(unsigned)poll_tagged(p, count_word(g, e), v[u], round, g * p.tp);
           }
       }
       base[G * L + e] = acc;
@@ -780,8 +769,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     }
     warp_part();
   } else if (tid < G) {
-    if (!dry)
-      wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
+    wait_flag(p, sigp(p, p.sym, sig_table(p, tid)), round * p.direct_blocks, PH_DISPATCH_RECV, tid * p.tp, round);
     if (!pre) {  // the order before round 24, kept for the switch's A/B (one load after the
                  // barrier for both paths made ptxas spill 12 B in this 64-register kernel)
       const int n = *reinterpret_cast<const volatile int*>(tbl + (long long)tid * p.table_bytes);
@@ -820,7 +808,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     if (tid < L) {
       const int off = before + wincl - my_total;
       for (int g = 0; g < G; ++g) base[g * L + tid] += off;
-      if (blockIdx.x == 0 && !dry) {
+      if (blockIdx.x == 0) {
         tpe[tid] = my_total;
         offs[tid] = off;
         if (tid == L - 1) publish_round(p, offs, L, off + my_total, round, sh_n);
@@ -831,23 +819,21 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     const int incl = warp_scan_runs(base + G * L, L, lane, e0, e1, off);
     for (int e = e0; e < e1; ++e) {
       const int col = base[G * L + e];
-      if (blockIdx.x == 0 && !dry) {
+      if (blockIdx.x == 0) {
         tpe[e] = col;
         offs[e] = off;
       }
       for (int g = 0; g < G; ++g) base[g * L + e] += off;
       off += col;
     }
-    if (blockIdx.x == 0 && lane == 31 && !dry) publish_round(p, offs, L, incl, round, sh_n);
+    if (blockIdx.x == 0 && lane == 31) publish_round(p, offs, L, incl, round, sh_n);
   }
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_BARRIER);  // the timeline's "barrier": the offsets are scanned
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
-  if (!has_item) continue;  // (the real pass is the last)
+  if (!has_item) return;
   const long long uu = (long long)gg * M + tt;
-  // The dry pass takes the live path whatever the stale counts say (its rows then unused), where
-  // the row it loads exists (x has xrows rows).
-  const bool live = (dry || tt < sh_n[gg]) && (gg != p.own_group || tt < xrows);
+  const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
   int nk = 0;
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;
@@ -861,8 +847,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
           wv = __uint_as_float(w_pre);
         } else {
           const char* src = tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, k);
-          const ulonglong2 en0 = ld_tagged2(src);
-          const ulonglong2 en = dry ? en0 : poll_tagged(p, src, en0, round, gg * p.tp);
+          const ulonglong2 en = poll_tagged(p, src, ld_tagged2(src), round, gg * p.tp);
           v = (int)(unsigned)en.x;
           wv = __uint_as_float((unsigned)en.y);
         }
@@ -873,7 +858,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
       if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
     }
     const bool ok = row >= 0 && row < R;  // range-checked: a timed-out round reads garbage
-    if (piece == 0 && k < topk && !dry) {
+    if (piece == 0 && k < topk) {
       p.rowmap[uu * topk + k] = ok ? row : -1;
       if (ok) {
         sg[row] = gg;
@@ -887,26 +872,23 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     nk += __popc(b);
   }
   __syncwarp();
-  if (live && !dry) stamp_exit(ST_DIRECT_ROWS);
-  const int nk_out = dry ? 0 : nk;  // the dry pass's copies store no row
+  if (live) stamp_exit(ST_DIRECT_ROWS);
   if (have) {
-    early_store_piece(p, tokens, scales, sh_rows[warp], nk_out, piece, P, lane, sh_early[warp]);
+    early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
   } else if (ROWS && gg != p.own_group) {
-    if (!dry)
-      copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P,
-                        round, gg * p.tp + tt % p.tp, lane);
+    copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P, round,
+                      gg * p.tp + tt % p.tp, lane);
   } else {
-    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk_out, gg, tt, piece, P, round, lane, dry);
+    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
   }
-  if (live && !dry) stamp_exit(ST_DIRECT_COPIED);
-  }
+  if (live) stamp_exit(ST_DIRECT_COPIED);
 }
 
-template <bool LL, bool ROWS = false, bool PW = false>
+template <bool LL, bool ROWS = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, DirectOut o, const char* __restrict__ x,
                                                                     const char* __restrict__ xscale, int xrows) {
   stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
-  dispatch_direct_body<LL, ROWS, PW>(p, o, x, xscale, xrows);
+  dispatch_direct_body<LL, ROWS>(p, o, x, xscale, xrows);
   stamp_exit(ST_COPY);
 }
 
@@ -918,13 +900,13 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // and no receive wait can hold back a send of this rank. Saves a launch and
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
-template <bool NVL, bool LL, bool ROWS = false, bool PW = false>
+template <bool NVL, bool LL, bool ROWS = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
   dispatch_send_body<NVL, ROWS>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
   stamp_exit(ST_RECV_START);
-  dispatch_direct_body<LL, ROWS, PW>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
+  dispatch_direct_body<LL, ROWS>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
   stamp_exit(ST_COPY);
 }
 

@@ -267,9 +267,6 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 24 (one H200, world size 1): dispatch 1 / 32 / 128 tokens 12.8-12.9 / 13.5-13.6 / 15.1
   // -> 12.5-12.6 / 13.3-13.4 / 14.7-14.8 us.
   p->table_prefetch = env_switch("MOE_BACKEND_NVSHMEM_TABLE_PREFETCH", true) ? 1 : 0;
-  // Round 42: the direct receive runs its code once dry before the tables are in (its jumps
-  // warm when they arrive; dispatch_direct_body).
-  p->prewarm = env_switch("MOE_BACKEND_NVSHMEM_PREWARM", false, true) ? 1 : 0;
   // Round 24 (one H200, world size 1): combine 10.0-10.1 / 11.3-11.4 / 18.8 -> 9.3-9.5 / 10.3-10.4 / 18.0-18.1 us.
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
   p->ll_table = p->direct && ll_on ? 1 : 0;
@@ -514,14 +511,11 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
   if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
     static const bool carve_direct =
         max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>) &&
-        max_shared_carveout(dispatch_direct_kernel<true, true>) &&
-        max_shared_carveout(dispatch_direct_kernel<true, false, true>) &&
-        max_shared_carveout(dispatch_direct_kernel<false, false, true>);
+        max_shared_carveout(dispatch_direct_kernel<true, true>);
     (void)carve_direct;
-    // (the dry pass has no instance with tagged rows: p.ll_rows keeps its kernel without it)
     auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
-                   : p.ll_table ? (p.prewarm ? dispatch_direct_kernel<true, false, true> : dispatch_direct_kernel<true>)
-                                : (p.prewarm ? dispatch_direct_kernel<false, false, true> : dispatch_direct_kernel<false>);
+                   : p.ll_table ? dispatch_direct_kernel<true>
+                                : dispatch_direct_kernel<false>;
     kernel<<<direct_blocks_of(p), NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
                                                                                    (int)x.size(0));
     CUDA_OK(cudaGetLastError());
@@ -797,19 +791,17 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
   const size_t smem = std::max(direct_send_smem(p), (size_t)(p.G + 1) * p.L * 4);
   static const bool ready = [] {
     for (auto* k : {dispatch_fused_kernel<true, true>, dispatch_fused_kernel<true, false>,
-                    dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>,
-                    dispatch_fused_kernel<true, true, false, true>, dispatch_fused_kernel<true, false, false, true>,
-                    dispatch_fused_kernel<false, true, false, true>}) {
+                    dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>}) {
       max_shared_carveout(k);
       CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
     }
     return true;
   }();
   (void)ready;
-  auto* kernel = !p.nvl      ? (p.prewarm ? dispatch_fused_kernel<false, true, false, true> : dispatch_fused_kernel<false, true>)
+  auto* kernel = !p.nvl      ? dispatch_fused_kernel<false, true>
                  : p.ll_rows  ? dispatch_fused_kernel<true, true, true>
-                 : p.ll_table ? (p.prewarm ? dispatch_fused_kernel<true, true, false, true> : dispatch_fused_kernel<true, true>)
-                              : (p.prewarm ? dispatch_fused_kernel<true, false, false, true> : dispatch_fused_kernel<true, false>);
+                 : p.ll_table ? dispatch_fused_kernel<true, true>
+                              : dispatch_fused_kernel<true, false>;
   kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());
   return out;

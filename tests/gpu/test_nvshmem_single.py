@@ -98,10 +98,7 @@ def _overlap_env(on: str) -> dict[str, str]:
 # untagged table, two kernels and register copies, and with the copy-engine send.
 # "tagged-rows*": with SELF_SEND, the rows in round-tagged words the receive polls, no token flag
 # (LL_ROWS=1, round 38; nvlink's direct receive), fused and split.
-# "prewarm*": the direct receive runs its code once dry before the tables are in (PREWARM=1,
-# round 42): with the defaults, and through the slots with the untagged table (its flag waits).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
-PREWARM = {"MOE_BACKEND_NVSHMEM_PREWARM": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
@@ -116,8 +113,6 @@ VARIANTS = {
     "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
     "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
     "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
-    "prewarm": PREWARM,
-    "prewarm-self-send-untagged": {**PREWARM, **SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_TABLE": "0"},
 }
 
 
@@ -141,7 +136,7 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows", "prewarm"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
