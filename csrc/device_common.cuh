@@ -47,6 +47,7 @@ struct Params {
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
+  int lean_fused;      // the fused dispatch's lean instance serves: the switches it fixes at their defaults
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
@@ -364,8 +365,9 @@ __device__ __forceinline__ void raise_flag(const Params& p, long long slot, int 
 // of the grid's last block (p.entry_last): block 0 writes the routing table and warp 0 of
 // block 0 takes the first combine item, and both waited behind it (round 23: 1-token dispatch
 // 0.4-0.7 us shorter). The combine receive's wait moves there too (round 24).
+template <bool LEAN = false>  // LEAN: the defaults at compile time (see dispatch_fused_kernel)
 __device__ __forceinline__ int entering_peer(const Params& p) {
-  const bool last = p.entry_last != 0;
+  const bool last = LEAN || p.entry_last != 0;
   if (blockIdx.x != (last ? gridDim.x - 1 : 0)) return -1;
   const int r = last ? (int)threadIdx.x - ((int)blockDim.x - p.W) : (int)threadIdx.x;
   return r >= 0 && r < p.W ? r : -1;
@@ -579,6 +581,7 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 // (rank << 16) | id, and after the tokens come count[E] int32 (the group's tokens per expert).
 // The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
 // groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
+template <bool LEAN = false>  // LEAN: p.table_prefetch at its default (see dispatch_fused_kernel)
 __device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k,
                                    unsigned long long round, char* stage) {
@@ -604,7 +607,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   // One id per thread (n * topk <= threads, e.g. 1 token): the id and its weight are loaded
   // before the masks are cleared, so their latency overlaps the clearing and the barrier, and
   // the ranking pass loads nothing (it loaded the weight, after the masks were built).
-  const bool one = !vec && p.table_prefetch && n * topk <= nt;
+  const bool one = !vec && (LEAN || p.table_prefetch) && n * topk <= nt;
   int my_id = -1;
   float my_w = 0.0f;
   if (one && tid < n * topk) {
@@ -730,23 +733,25 @@ __device__ void put_direct_table(const Params& p, long long toff, const char* st
 // Send blocks that write a part of the table: the portions, or the direct table's blocks.
 __host__ __device__ inline int table_blocks(const Params& p) { return p.direct ? p.direct_blocks : table_portions(p); }
 
-template <bool NVL>
+// LEAN (the fused dispatch's default instance): the direct table, release announces.
+template <bool NVL, bool LEAN = false>
 __device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
                            unsigned* msk, unsigned long long round) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
-  for (int j = blockIdx.x; j < table_blocks(p); j += gridDim.x) {
+  const bool direct = LEAN || p.direct;
+  for (int j = blockIdx.x; j < (LEAN ? p.direct_blocks : table_blocks(p)); j += gridDim.x) {
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (p.direct) write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
+      if (direct) write_table_direct<LEAN>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();  // (the next portion's masks, if this block writes another)
-      if (p.direct && p.ll_table) {  // round-tagged words: nothing to announce
+      if (direct && p.ll_table) {  // round-tagged words: nothing to announce
         if (threadIdx.x == 0) stamp_exit(ST_SEND_TABLE);
         continue;
       }
       if (threadIdx.x == 0) {
-        if (p.entry_release) {  // the release add alone orders the block's table stores (bar.sync before it)
+        if (LEAN || p.entry_release) {  // the release add alone orders the block's table stores (bar.sync before it)
           for (int r = 0; r < p.W; ++r) red_add_release_sys(sigp(p, p.peer[r], sig_table(p, p.group)), 1ULL);
         } else {
           __threadfence_system();
@@ -756,8 +761,8 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
       }
     } else {
       char* stage = p.sym + p.off_stage_table;
-      if (p.direct) {  // round-tagged only (create_ctx): staged, then put without a signal
-        write_table_direct(p, toff, ids, w, n, msk, j, p.direct_blocks, round, stage);
+      if (direct) {  // round-tagged only (create_ctx): staged, then put without a signal
+        write_table_direct<LEAN>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, stage);
         __syncthreads();
         put_direct_table(p, toff, stage, n, j, p.direct_blocks);
         __syncthreads();  // (the next portion's masks, if this block writes another)

@@ -45,7 +45,9 @@ struct SendIn {
 
 // The send's work for the calling block (of any size): the entered flags, the table's share,
 // then its tokens. Also the first half of dispatch_fused_kernel.
-template <bool NVL, bool ROWS = false>  // ROWS: p.ll_rows (round-tagged rows, nvlink)
+// ROWS: p.ll_rows (round-tagged rows, nvlink); LEAN: the fused dispatch's default instance
+// (dispatch_fused_kernel: direct, no copy-engine send, the switches at their defaults).
+template <bool NVL, bool ROWS = false, bool LEAN = false>
 __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* __restrict__ x,
                                                    const int* __restrict__ ids, const float* __restrict__ w,
                                                    const float* __restrict__ scale, int n, unsigned long long round) {
@@ -54,19 +56,19 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
 
   // "Entered": orders nothing of this kernel (earlier kernels' accesses are complete), so a
   // release store without the full system fence on nvlink.
-  if (const int r = entering_peer(p); r >= 0) {
+  if (const int r = entering_peer<LEAN>(p); r >= 0) {
     if constexpr (NVL) st_release_sys(sigp(p, p.peer[r], sig_arrive(p, p.rank)), round);
     else raise_flag<false>(p, sig_arrive(p, p.rank), r, round);
   }
   extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
-  if (p.replica == 0) send_table<NVL>(p, ids, w, n, send_smem, round);
-  if (p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
+  if (p.replica == 0) send_table<NVL, LEAN>(p, ids, w, n, send_smem, round);
+  if (!LEAN && p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
   // Block 0 ships the table first, so it takes the last token of each sweep (i = grid-1, ...)
   // and block 1 the first: a single token does not wait behind the table. The same for the
   // direct table's tb blocks: block tb takes the first token.
-  const int tb = p.direct ? min(p.direct_blocks, (int)gridDim.x) : 1;
+  const int tb = LEAN || p.direct ? min(p.direct_blocks, (int)gridDim.x) : 1;
   for (int i = (blockIdx.x + gridDim.x - tb) % gridDim.x;; i += gridDim.x) {
     const int t = p.replica + i * p.tp;
     if (t >= n) break;  // uniform over the block
@@ -97,7 +99,7 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
       if (tid == 0) {
         // The release stores alone order the block's row stores (bar.sync before them), as the
         // table's announce does (p.token_release, the default).
-        if (!p.token_release) __threadfence_system();
+        if (!LEAN && !p.token_release) __threadfence_system();
         for (unsigned long long m = mask; m; m &= m - 1)
           st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
       }
@@ -680,7 +682,7 @@ struct DirectOut {
   int* sk;
 };
 
-template <bool LL, bool ROWS = false>
+template <bool LL, bool ROWS = false, bool LEAN = false>  // LEAN: see dispatch_fused_kernel
 __device__ __forceinline__ void dispatch_direct_body(const Params& p, const DirectOut& o, const char* __restrict__ x,
                                                      const char* __restrict__ xscale, int xrows) {
   char* __restrict__ tokens = o.tokens;
@@ -706,18 +708,18 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   // pieces fill the grid only at M tokens: with fewer, the rows were written by a few SMs),
   // and the table's tb blocks take the last items, whose receive comes after their write.
   const int nb = (int)gridDim.x, tb = p.direct_blocks < nb ? p.direct_blocks : nb;
-  const int item = p.item_spread ? warp * nb + ((int)blockIdx.x + nb - tb) % nb : (int)blockIdx.x * NWARPS + warp;
+  const int item = LEAN || p.item_spread ? warp * nb + ((int)blockIdx.x + nb - tb) % nb : (int)blockIdx.x * NWARPS + warp;
   const bool has_item = item < total * P;
   const int piece = item % P;
   int gg = 0, tt = 0;
   if (has_item) item_token(p, item / P, gg, tt);
   const char* tbl = p.sym + p.off_tables;
   constexpr bool ll = LL;  // one instance per table format: each keeps only its own registers
-  const bool pre = p.table_prefetch != 0;
+  const bool pre = LEAN || p.table_prefetch != 0;
   // The expert offsets by every thread at once (p.par_scan, round 25): thread e holds expert e's
   // total, so a warp scan, the warps' sums and one barrier give every offset; else warp 0 scans
   // runs of experts from shared memory while the others wait (and with more experts than threads).
-  const bool par = p.par_scan && L <= (int)blockDim.x;
+  const bool par = (LEAN || p.par_scan) && L <= (int)blockDim.x;
   int my_total = 0, wincl = 0;  // par: this thread's expert's total, its inclusive scan in the warp
   auto warp_part = [&]() {
     if (!par) return;
@@ -900,13 +902,18 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // and no receive wait can hold back a send of this rank. Saves a launch and
 // the fork and join of the side stream: DeepSeek decode at world size 1, 32 / 128 tokens
 // 12.6 / 14.1 -> 10.8 / 12.3 us; 1 token 10.8 -> 10.6 (docs/PERF_NOTES.md, round 35).
-template <bool NVL, bool LL, bool ROWS = false>
+// LEAN (round 42): the instance for the switches' defaults (lean_fused, moe_kernels.cu), with
+// them and what every fused dispatch is (direct, no copy-engine send) fixed at compile time:
+// the alternatives' code leaves the kernel (160 -> 143 KB of SASS), and a launch's first pass
+// through it fetches less (DeepSeek decode at world size 1: 9.3 / 10.2-10.3 / 12.4 -> 9.0 /
+// 9.8-9.9 / 11.7-11.9 us at 1 / 32 / 128 tokens; docs/PERF_NOTES.md, round 42).
+template <bool NVL, bool LL, bool ROWS = false, bool LEAN = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
-  dispatch_send_body<NVL, ROWS>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
+  dispatch_send_body<NVL, ROWS, LEAN>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
   stamp_exit(ST_RECV_START);
-  dispatch_direct_body<LL, ROWS>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
+  dispatch_direct_body<LL, ROWS, LEAN>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);
   stamp_exit(ST_COPY);
 }
 

@@ -291,6 +291,12 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // SMs, the table blocks' items last); =0 gives block b the items 16b..16b+15 (one token's
   // pieces on one SM, behind the table's write at 1 token).
   p->item_spread = env_switch("MOE_BACKEND_NVSHMEM_ITEM_SPREAD", true) ? 1 : 0;
+  // Round 42: the fused dispatch's lean instances (dispatch_fused_kernel<..., LEAN>) fix these
+  // switches at their defaults, so they serve only where every one is; =0 keeps the general ones.
+  p->lean_fused = p->token_release && p->entry_release && p->entry_last && p->item_spread && p->table_prefetch &&
+                          p->par_scan && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
+                      ? 1
+                      : 0;
   // Round 33: the copy with a work counter writes each expert row by one bulk store from the
   // warp's shared buffer (copy_token_bulk); =0 keeps the register copy.
   p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;
@@ -791,17 +797,21 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
   const size_t smem = std::max(direct_send_smem(p), (size_t)(p.G + 1) * p.L * 4);
   static const bool ready = [] {
     for (auto* k : {dispatch_fused_kernel<true, true>, dispatch_fused_kernel<true, false>,
-                    dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>}) {
+                    dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>,
+                    dispatch_fused_kernel<true, true, false, true>, dispatch_fused_kernel<true, false, false, true>,
+                    dispatch_fused_kernel<false, true, false, true>}) {
       max_shared_carveout(k);
       CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
     }
     return true;
   }();
   (void)ready;
-  auto* kernel = !p.nvl      ? dispatch_fused_kernel<false, true>
+  // The lean instances where every switch they fix is at its default (tagged rows have none).
+  const bool lean = p.lean_fused != 0;
+  auto* kernel = !p.nvl      ? (lean ? dispatch_fused_kernel<false, true, false, true> : dispatch_fused_kernel<false, true>)
                  : p.ll_rows  ? dispatch_fused_kernel<true, true, true>
-                 : p.ll_table ? dispatch_fused_kernel<true, true>
-                              : dispatch_fused_kernel<true, false>;
+                 : p.ll_table ? (lean ? dispatch_fused_kernel<true, true, false, true> : dispatch_fused_kernel<true, true>)
+                              : (lean ? dispatch_fused_kernel<true, false, false, true> : dispatch_fused_kernel<true, false>);
   kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());
   return out;

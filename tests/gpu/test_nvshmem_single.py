@@ -98,6 +98,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # untagged table, two kernels and register copies, and with the copy-engine send.
 # "tagged-rows*": with SELF_SEND, the rows in round-tagged words the receive polls, no token flag
 # (LL_ROWS=1, round 38; nvlink's direct receive), fused and split.
+# "general-fused": the fused dispatch's general instance at the defaults (LEAN_FUSED=0; by
+# default, round 42, the lean instance with the switches fixed at compile time serves there).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
@@ -113,6 +115,7 @@ VARIANTS = {
     "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
     "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
     "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+    "general-fused": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LEAN_FUSED": "0"},
 }
 
 
