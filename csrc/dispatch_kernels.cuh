@@ -905,8 +905,8 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // LEAN (round 42): the instance for the switches' defaults (lean_fused, moe_kernels.cu), with
 // them and what every fused dispatch is (direct, no copy-engine send) fixed at compile time:
 // the alternatives' code leaves the kernel (160 -> 143 KB of SASS), and a launch's first pass
-// through it fetches less (DeepSeek decode at world size 1: 9.3 / 10.2-10.3 / 12.4 -> 9.0 /
-// 9.8-9.9 / 11.7-11.9 us at 1 / 32 / 128 tokens; docs/PERF_NOTES.md, round 42).
+// through it fetches less (DeepSeek decode at world size 1, 1 / 32 / 128 tokens: 0.1-0.6 us
+// less; docs/PERF_NOTES.md, round 42).
 template <bool NVL, bool LL, bool ROWS = false, bool LEAN = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
