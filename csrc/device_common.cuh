@@ -48,6 +48,7 @@ struct Params {
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
   int item_spread;     // direct receive: item i is warp i / grid of block (i + table blocks) % grid (round 37)
   int lean_fused;      // the fused dispatch's lean instance serves: the switches it fixes at their defaults
+  int small_fused;     // with lean_fused, tagged table: calls of <= NTHREADS / topk rows take the SMALL instance
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
@@ -512,10 +513,18 @@ __device__ __forceinline__ const int* table_ids(const Params& p, int g, int t) {
 // Token t's rank at an expert, counted from `first`: the set bits before bit t in the expert's
 // row of mask words, word i of the row at m[i * stride + row] (the direct table's rows are
 // contiguous, the plan's strided by its experts).
+// ROLLED: the loop over earlier words kept as one small body (the direct table's few tokens
+// rarely reach a second word; its unrolled copies were ~800 instructions of that kernel).
+template <bool ROLLED = false>
 __device__ __forceinline__ int bit_rank(const unsigned* m, int row, int stride, int t, int first = 0) {
   const int w = t >> 5;
   int rank = first + __popc(m[w * stride + row] & ((1u << (t & 31)) - 1));
-  for (int c = 0; c < w; ++c) rank += __popc(m[c * stride + row]);
+  if constexpr (ROLLED) {
+#pragma unroll 1
+    for (int c = 0; c < w; ++c) rank += __popc(m[c * stride + row]);
+  } else {
+    for (int c = 0; c < w; ++c) rank += __popc(m[c * stride + row]);
+  }
   return rank;
 }
 // The direct table of round-tagged words (p.ll_table; st_tagged): the header {n, has_weights}
@@ -581,12 +590,16 @@ __device__ void write_table_portion(const Params& p, bool to_peers, long long to
 // (rank << 16) | id, and after the tokens come count[E] int32 (the group's tokens per expert).
 // The receiver then places every row without a plan kernel: row = offset[e] + rows of earlier
 // groups at e + rank. Block-cooperative; `msk` is E * ceil(M/32) words of shared memory.
-template <bool LEAN = false>  // LEAN: p.table_prefetch at its default (see dispatch_fused_kernel)
+// LEAN: p.table_prefetch at its default (see dispatch_fused_kernel). TLL: the table's format when
+// the caller's instance fixes it (1 tagged, 0 untagged; -1: p.ll_table). SMALL: the caller
+// guarantees n * topk <= blockDim.x, so only the one-id-a-thread form is compiled. Fixing them
+// takes the other forms' code out of the path a launch fetches (round 43).
+template <bool LEAN = false, int TLL = -1, bool SMALL = false>
 __device__ void write_table_direct(const Params& p, long long toff, const int* __restrict__ ids,
                                    const float* __restrict__ w, int n, unsigned* msk, int j, int k,
                                    unsigned long long round, char* stage) {
   const int tid = threadIdx.x, nt = blockDim.x, E = p.E, topk = p.topk;
-  const bool ll = p.ll_table != 0;
+  const bool ll = TLL < 0 ? p.ll_table != 0 : TLL == 1;
   // Where the table goes: every rank's arena through p.peer (nvlink), or the staging copy that
   // put_direct_table then puts (put; round-tagged only).
   const int nd = stage ? 1 : p.W;
@@ -594,20 +607,21 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   // One (token, k) entry, round-tagged (ll: the receive polls the words themselves).
   auto put_tagged = [&](int t, int kk, int v, float wv) {
     const long long o = ll_entry_off(p, t, kk);
+#pragma unroll 1
     for (int r = 0; r < nd; ++r) st_tagged2(dst(r) + o, (unsigned)v, __float_as_uint(wv), round);
   };
   const int nw = (p.M + 31) / 32;
   // 16-byte vectors only when every thread gets one: each vector's four ids are marked and
   // ranked one after another, so with fewer vectors than threads the scalar path (one id per
   // thread) is shorter (round 18: 1 token 18.0 -> 17.5 us; 128 tokens 22.9 -> 21.0 us by vectors).
-  const bool vec = n * (topk >> 2) >= nt && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
+  const bool vec = !SMALL && n * (topk >> 2) >= nt && (topk & 3) == 0 && (reinterpret_cast<uintptr_t>(ids) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(w) & 15) == 0;
   const int q = topk >> 2;  // 16-byte vectors per token (vec)
   const int4* i4 = reinterpret_cast<const int4*>(ids);
   // One id per thread (n * topk <= threads, e.g. 1 token): the id and its weight are loaded
   // before the masks are cleared, so their latency overlaps the clearing and the barrier, and
   // the ranking pass loads nothing (it loaded the weight, after the masks were built).
-  const bool one = !vec && (LEAN || p.table_prefetch) && n * topk <= nt;
+  const bool one = SMALL || (!vec && (LEAN || p.table_prefetch) && n * topk <= nt);
   int my_id = -1;
   float my_w = 0.0f;
   if (one && tid < n * topk) {
@@ -634,7 +648,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   stamp_exit(ST_TABLE_MASKS);
   auto packed = [&](int id, int t) -> int {
     if (id < 0 || id >= E) return -1;
-    return (bit_rank(msk, id * nw, 1, t) << 16) | id;
+    return (bit_rank<true>(msk, id * nw, 1, t) << 16) | id;
   };
   // Every one of the k blocks built the whole masks (a few thousand shared-memory atomics at
   // most); block j writes its share of the tokens, block 0 the counts and the header.
@@ -693,24 +707,27 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   const long long coff = 16 + (long long)p.M * topk * 8;
   // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'
   // counts; the staging copy takes every count, and put_direct_table puts each rank its own).
+#pragma unroll 1
   for (int r = 0; r < p.W; ++r) {
     char* d = dst(r);
     for (int e = r * p.L + tid; e < (r + 1) * p.L; e += nt) {
       int cnt = 0;
+#pragma unroll 1
       for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
       if (ll) st_tagged(d + ll_count_off(p) + e * 8, (unsigned)cnt, round);
       else *reinterpret_cast<int*>(d + coff + e * 4) = cnt;
     }
   }
-  if (tid == 0)
-    for (int r = 0; r < nd; ++r) {
-      if (ll) {
-        st_tagged2(dst(r), (unsigned)n, w ? 1u : 0u, round);
-        continue;
-      }
-      reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
-      reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
+  if (tid != 0) return;
+#pragma unroll 1
+  for (int r = 0; r < nd; ++r) {
+    if (ll) {
+      st_tagged2(dst(r), (unsigned)n, w ? 1u : 0u, round);
+      continue;
     }
+    reinterpret_cast<int*>(p.peer[r] + toff)[0] = n;
+    reinterpret_cast<int*>(p.peer[r] + toff)[1] = w ? 1 : 0;
+  }
 }
 
 // Put transport, direct receive: block j of k puts what write_table_direct staged for it to
@@ -733,8 +750,9 @@ __device__ void put_direct_table(const Params& p, long long toff, const char* st
 // Send blocks that write a part of the table: the portions, or the direct table's blocks.
 __host__ __device__ inline int table_blocks(const Params& p) { return p.direct ? p.direct_blocks : table_portions(p); }
 
-// LEAN (the fused dispatch's default instance): the direct table, release announces.
-template <bool NVL, bool LEAN = false>
+// LEAN (the fused dispatch's default instance): the direct table, release announces. TLL,
+// SMALL: as write_table_direct's.
+template <bool NVL, bool LEAN = false, int TLL = -1, bool SMALL = false>
 __device__ void send_table(const Params& p, const int* __restrict__ ids, const float* __restrict__ w, int n,
                            unsigned* msk, unsigned long long round) {
   const long long toff = p.off_tables + (long long)p.group * p.table_bytes;
@@ -743,10 +761,10 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
     int t0, t1;
     table_portion_range(p, n, j, t0, t1);
     if constexpr (NVL) {
-      if (direct) write_table_direct<LEAN>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
+      if (direct) write_table_direct<LEAN, TLL, SMALL>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, nullptr);
       else write_table_portion(p, true, toff, nullptr, ids, w, n, t0, t1, j == 0);
       __syncthreads();  // (the next portion's masks, if this block writes another)
-      if (direct && p.ll_table) {  // round-tagged words: nothing to announce
+      if (direct && (TLL < 0 ? p.ll_table != 0 : TLL == 1)) {  // round-tagged words: nothing to announce
         if (threadIdx.x == 0) stamp_exit(ST_SEND_TABLE);
         continue;
       }
@@ -762,7 +780,7 @@ __device__ void send_table(const Params& p, const int* __restrict__ ids, const f
     } else {
       char* stage = p.sym + p.off_stage_table;
       if (direct) {  // round-tagged only (create_ctx): staged, then put without a signal
-        write_table_direct<LEAN>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, stage);
+        write_table_direct<LEAN, TLL, SMALL>(p, toff, ids, w, n, msk, j, p.direct_blocks, round, stage);
         __syncthreads();
         put_direct_table(p, toff, stage, n, j, p.direct_blocks);
         __syncthreads();  // (the next portion's masks, if this block writes another)

@@ -46,8 +46,9 @@ struct SendIn {
 // The send's work for the calling block (of any size): the entered flags, the table's share,
 // then its tokens. Also the first half of dispatch_fused_kernel.
 // ROWS: p.ll_rows (round-tagged rows, nvlink); LEAN: the fused dispatch's default instance
-// (dispatch_fused_kernel: direct, no copy-engine send, the switches at their defaults).
-template <bool NVL, bool ROWS = false, bool LEAN = false>
+// (dispatch_fused_kernel: direct, no copy-engine send, the switches at their defaults); TLL,
+// SMALL: the table's format and size where the instance fixes them (write_table_direct).
+template <bool NVL, bool ROWS = false, bool LEAN = false, int TLL = -1, bool SMALL = false>
 __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* __restrict__ x,
                                                    const int* __restrict__ ids, const float* __restrict__ w,
                                                    const float* __restrict__ scale, int n, unsigned long long round) {
@@ -61,7 +62,7 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
     else raise_flag<false>(p, sig_arrive(p, p.rank), r, round);
   }
   extern __shared__ unsigned send_smem[];  // direct receive only: the table's expert masks
-  if (p.replica == 0) send_table<NVL, LEAN>(p, ids, w, n, send_smem, round);
+  if (p.replica == 0) send_table<NVL, LEAN, TLL, SMALL>(p, ids, w, n, send_smem, round);
   if (!LEAN && p.ce_send) return;  // the tokens cross by copy engine (launch_ce_send)
 
   const int aligned_row = (p.row_bytes + 15) & ~15;
@@ -183,6 +184,7 @@ __device__ __forceinline__ void publish_round(const Params& p, int64_t* offs, in
   p.state[2] = 0;      // the fused combine's send and receive work counters (its round
   p.state[7] = 0;      // always follows this receive)
   int nmax = 0;        // the combine send visits t < nmax only: no group has rows past it
+#pragma unroll 1
   for (int g = 0; g < p.G; ++g) nmax = sh_n[g] > nmax ? sh_n[g] : nmax;
   p.state[8] = (unsigned long long)nmax;
 }
@@ -753,6 +755,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     }
     for (int e = tid; e < L; e += blockDim.x) {
       int acc = 0;
+#pragma unroll 1  // one copy of the polls: a group count past the first batch is rare on the path
       for (int g0 = 0; g0 < G; g0 += LL_BATCH) {
         unsigned long long v[LL_BATCH];
 #pragma unroll
@@ -809,6 +812,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
     const int before = __reduce_add_sync(0xffffffffu, lane < warp ? sh_wsum[lane] : 0);
     if (tid < L) {
       const int off = before + wincl - my_total;
+#pragma unroll 1
       for (int g = 0; g < G; ++g) base[g * L + tid] += off;
       if (blockIdx.x == 0) {
         tpe[tid] = my_total;
@@ -825,6 +829,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
         tpe[e] = col;
         offs[e] = off;
       }
+#pragma unroll 1
       for (int g = 0; g < G; ++g) base[g * L + e] += off;
       off += col;
     }
@@ -907,10 +912,12 @@ __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, Di
 // the alternatives' code leaves the kernel (160 -> 143 KB of SASS), and a launch's first pass
 // through it fetches less (DeepSeek decode at world size 1, 1 / 32 / 128 tokens: 0.1-0.6 us
 // less; docs/PERF_NOTES.md, round 42).
-template <bool NVL, bool LL, bool ROWS = false, bool LEAN = false>
+// SMALL (round 43): a lean instance for calls whose x has at most NTHREADS / topk rows (the host
+// knows): the table has one id a thread, and its other forms' code is not compiled in.
+template <bool NVL, bool LL, bool ROWS = false, bool LEAN = false, bool SMALL = false>
 __global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_fused_kernel(Params p, SendIn in, DirectOut o) {
   stamp_entry(ST_SEND);
-  dispatch_send_body<NVL, ROWS, LEAN>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
+  dispatch_send_body<NVL, ROWS, LEAN, LL ? 1 : 0, SMALL>(p, in.x, in.ids, in.w, in.scale, in.count(), p.state[0] + 1);
   __syncthreads();  // the send's table masks (dynamic shared memory) are the receive's bases next
   stamp_exit(ST_RECV_START);
   dispatch_direct_body<LL, ROWS, LEAN>(p, o, in.x, reinterpret_cast<const char*>(in.scale), in.rows);

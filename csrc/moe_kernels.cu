@@ -297,6 +297,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
                           p->par_scan && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
                       ? 1
                       : 0;
+  // Round 43: where lean, a call whose x has at most NTHREADS / topk rows takes the SMALL instance
+  // (the table's one-id-a-thread form only); =0 keeps the lean instance for every call.
+  p->small_fused = p->lean_fused && env_switch("MOE_BACKEND_NVSHMEM_SMALL_FUSED", true) ? 1 : 0;
   // Round 33: the copy with a work counter writes each expert row by one bulk store from the
   // warp's shared buffer (copy_token_bulk); =0 keeps the register copy.
   p->copy_bulk = env_switch("MOE_BACKEND_NVSHMEM_COPY_BULK", true) ? 1 : 0;
@@ -799,18 +802,25 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
     for (auto* k : {dispatch_fused_kernel<true, true>, dispatch_fused_kernel<true, false>,
                     dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>,
                     dispatch_fused_kernel<true, true, false, true>, dispatch_fused_kernel<true, false, false, true>,
-                    dispatch_fused_kernel<false, true, false, true>}) {
+                    dispatch_fused_kernel<false, true, false, true>, dispatch_fused_kernel<true, true, false, true, true>,
+                    dispatch_fused_kernel<false, true, false, true, true>}) {
       max_shared_carveout(k);
       CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
     }
     return true;
   }();
   (void)ready;
-  // The lean instances where every switch they fix is at its default (tagged rows have none).
+  // The lean instances where every switch they fix is at its default (tagged rows have none);
+  // with the tagged table, the small ones where every token's ids fit one a thread.
   const bool lean = p.lean_fused != 0;
-  auto* kernel = !p.nvl      ? (lean ? dispatch_fused_kernel<false, true, false, true> : dispatch_fused_kernel<false, true>)
+  const bool small = lean && p.small_fused && p.ll_table && x.size(0) * (int64_t)p.topk <= NTHREADS;
+  auto* kernel = !p.nvl      ? (small  ? dispatch_fused_kernel<false, true, false, true, true>
+                                : lean ? dispatch_fused_kernel<false, true, false, true>
+                                       : dispatch_fused_kernel<false, true>)
                  : p.ll_rows  ? dispatch_fused_kernel<true, true, true>
-                 : p.ll_table ? (lean ? dispatch_fused_kernel<true, true, false, true> : dispatch_fused_kernel<true, true>)
+                 : p.ll_table ? (small  ? dispatch_fused_kernel<true, true, false, true, true>
+                                 : lean ? dispatch_fused_kernel<true, true, false, true>
+                                        : dispatch_fused_kernel<true, true>)
                               : (lean ? dispatch_fused_kernel<true, false, false, true> : dispatch_fused_kernel<true, false>);
   kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());

@@ -100,6 +100,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # (LL_ROWS=1, round 38; nvlink's direct receive), fused and split.
 # "general-fused": the fused dispatch's general instance at the defaults (LEAN_FUSED=0; by
 # default, round 42, the lean instance with the switches fixed at compile time serves there).
+# "lean-not-small": the lean instance for every call (SMALL_FUSED=0; by default, round 43, calls
+# of at most 512 / topk tokens take the small instance, with the table's one-id-a-thread form only).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
@@ -116,6 +118,7 @@ VARIANTS = {
     "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
     "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "general-fused": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LEAN_FUSED": "0"},
+    "lean-not-small": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_SMALL_FUSED": "0"},
 }
 
 
