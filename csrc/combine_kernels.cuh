@@ -102,7 +102,12 @@ __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&r
 // acc[c][i] = sum over j = 0..nk-1, in j order, of (w_j *) rows[j][h + c*32*N + i], float32
 // without FMA (__fmul_rn / __fadd_rn): the contract's order. The loads of RB rows x C
 // chunks are all issued before the first add, so a lane keeps RB*C vectors in flight.
-template <typename T, int N, int C, int RB>
+// WEIGHTED: ws[j] scales row j (else ws is not read). PAD: a batch's rows past nk add +0.0f
+// (zero vectors, weight 0): a sum that starts from +0.0f is never -0.0f, so adding +0.0f leaves
+// every bit of it, and the batch runs with no branch around each row's adds (round 43: those
+// branches' jumps over unrolled adds cost the latency kernels' first pass their fetches; the
+// fused combine's receive half keeps the branches, where the zero rows' registers spilled).
+template <typename T, int N, int C, int RB, bool WEIGHTED, bool PAD = true>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
   zero_sums(acc);
@@ -111,11 +116,14 @@ __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, 
 #pragma unroll
     for (int r = 0; r < RB; ++r)
 #pragma unroll
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < C; ++c) {
         if (j0 + r < nk && h + c * 32 * N < H) load_raw<T, N>(rows[j0 + r] + h + c * 32 * N, raw[r][c]);
+        else if (PAD) raw[r][c] = VecT<T, N>{};
+      }
 #pragma unroll
     for (int r = 0; r < RB; ++r)
-      if (j0 + r < nk) add_row<T, N, C>(acc, raw[r], ws, j0 + r);
+      if (PAD || j0 + r < nk)
+        add_row_scaled<T, N, C, WEIGHTED>(acc, raw[r], WEIGHTED && j0 + r < nk ? ws[j0 + r] : 0.0f);
   }
 }
 
@@ -431,11 +439,14 @@ __device__ __forceinline__ long long next_item(unsigned long long* counter, long
 // The rows (and weights, 1 without) of a work item held here (its row map rm: topk rows or -1),
 // in k order, into rows[] / ws[] (shared, one warp's); returns how many. The warp's lanes read
 // the row map together.
-template <typename TY>
+// ROLLED: the loop kept as one body (it runs once for topk <= 32; round 43: its unrolled copies
+// were ~570 instructions the decode send jumped over); the fused send's shared-memory row loads
+// keep it unrolled, where rolling it spilled.
+template <typename TY, bool ROLLED>
 __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const TY* y, const float* w, const TY** rows,
                                            float* ws, int lane) {
   int nk = 0;
-  for (int k0 = 0; k0 < topk; k0 += 32) {
+  auto gather = [&](int k0) {
     int k = k0 + lane;
     int row = k < topk ? rm[k] : -1;
     unsigned b = __ballot_sync(0xffffffffu, row >= 0);
@@ -445,6 +456,12 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
       ws[pos] = w ? w[row] : 1.0f;
     }
     nk += __popc(b);
+  };
+  if constexpr (ROLLED) {
+#pragma unroll 1
+    for (int k0 = 0; k0 < topk; k0 += 32) gather(k0);
+  } else {
+    for (int k0 = 0; k0 < topk; k0 += 32) gather(k0);
   }
   __syncwarp();
   return nk;
@@ -519,7 +536,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
-    const int nk = gather_rows(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
+    const int nk = gather_rows<TY, LOADS == LOADS_REGS>(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
@@ -558,11 +575,16 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,
                                 async_smem + warp * async_warp_int4s<TY, N>(), emit);
     } else {
-      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-        float acc[C][N];
-        sum_rows<TY, N, C, ROW_BATCH>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h, h1, acc);
-        emit(h, acc);
-      }
+      // One loop per weighting, each with its adds in one stretch of code.
+      auto sum_emit = [&]<bool WEIGHTED>() {
+        for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+          float acc[C][N];
+          sum_rows<TY, N, C, ROW_BATCH, WEIGHTED>(sh_rows[warp], sh_w[warp], nk, h, h1, acc);
+          emit(h, acc);
+        }
+      };
+      if (w) sum_emit.template operator()<true>();
+      else sum_emit.template operator()<false>();
     }
     __syncwarp();
     stamp_exit(ST_CSEND_SUMMED);
@@ -641,6 +663,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
       id_next = item_id(i + stride);  // in flight while this item waits and sums
       if (id >= 0 && id < E) mask = 1ULL << (id / L);
     } else if (t < n) {
+#pragma unroll 1
       for (int k = lane; k < topk; k += 32) {
         int id = ra.ids[(long long)t * topk + k];
         if (id >= 0 && id < E) mask |= 1ULL << (id / L);
@@ -650,10 +673,12 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
     // Every slice flag of every holding rank (the sender's slices need not match ours).
+#pragma unroll 1
     for (int q = lane; q < p.W * S; q += 32) {
       const int r = q / S;
       if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
     }
+#pragma unroll 1
     for (int r = lane; r < p.W; r += 32)
       if ((mask >> r) & 1)
         sh_src[__popcll(mask & ((1ULL << r) - 1))] =
@@ -673,7 +698,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     } else {
       for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
         float acc[C][N];
-        sum_rows<TX, N, C, RB>(sh_src, nullptr, nr, h, h1, acc);
+        sum_rows<TX, N, C, RB, false, !COUNTER>(sh_src, nullptr, nr, h, h1, acc);
         store_out(h, acc);
       }
     }

@@ -392,8 +392,10 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
   } else if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes) & 3) == 0) {
     int* d = reinterpret_cast<int*>(dst);
     const int* s = reinterpret_cast<const int*>(src);
+#pragma unroll 1  // the unaligned fallbacks: rarely run, kept small (round 45)
     for (int i = lane; i < (bytes >> 2); i += 32) d[i] = s[i];
   } else {
+#pragma unroll 1
     for (int i = lane; i < bytes; i += 32) dst[i] = src[i];
   }
 }

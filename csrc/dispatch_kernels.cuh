@@ -75,6 +75,7 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
     if (t >= n) break;  // uniform over the block
     // Every warp derives the same destination mask from the token's ids.
     unsigned long long mask = 0;
+#pragma unroll 1  // once for topk <= 32: no unrolled copies to jump over
     for (int k = lane; k < topk; k += 32) {
       int id = ids[(long long)t * topk + k];
       if (id >= 0 && id < E) mask |= 1ULL << (id / L);
@@ -721,7 +722,8 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   // The expert offsets by every thread at once (p.par_scan, round 25): thread e holds expert e's
   // total, so a warp scan, the warps' sums and one barrier give every offset; else warp 0 scans
   // runs of experts from shared memory while the others wait (and with more experts than threads).
-  const bool par = (LEAN || p.par_scan) && L <= (int)blockDim.x;
+  // LEAN: the host chose it only where L <= NTHREADS (lean_fused), so the runs' code is not in it.
+  const bool par = LEAN || (p.par_scan && L <= (int)blockDim.x);
   int my_total = 0, wincl = 0;  // par: this thread's expert's total, its inclusive scan in the warp
   auto warp_part = [&]() {
     if (!par) return;
@@ -842,6 +844,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   const long long uu = (long long)gg * M + tt;
   const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
   int nk = 0;
+#pragma unroll 1
   for (int k0 = 0; k0 < topk; k0 += 32) {
     const int k = k0 + lane;
     int row = -1;

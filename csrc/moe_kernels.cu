@@ -292,9 +292,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // pieces on one SM, behind the table's write at 1 token).
   p->item_spread = env_switch("MOE_BACKEND_NVSHMEM_ITEM_SPREAD", true) ? 1 : 0;
   // Round 42: the fused dispatch's lean instances (dispatch_fused_kernel<..., LEAN>) fix these
-  // switches at their defaults, so they serve only where every one is; =0 keeps the general ones.
+  // switches at their defaults, so they serve only where every one is, and (round 45) where the
+  // local experts fit one a thread (L <= NTHREADS: the offsets' scan has one form); =0 keeps the
+  // general ones.
   p->lean_fused = p->token_release && p->entry_release && p->entry_last && p->item_spread && p->table_prefetch &&
-                          p->par_scan && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
+                          p->par_scan && p->L <= NTHREADS && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
                       ? 1
                       : 0;
   // Round 43: where lean, a call whose x has at most NTHREADS / topk rows takes the SMALL instance
