@@ -7,6 +7,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace moe {
@@ -19,30 +20,56 @@ constexpr int NWARPS = NTHREADS / 32;
 // Error phases recorded by a timed-out wait (mirrored in nvshmem_runtime.py).
 enum Phase : int { PH_DISPATCH_RECV = 1, PH_COMBINE_RECV = 2, PH_DISPATCH_GRID = 3 };
 
+// Kernel parameters sit in constant bank 0 from 0x210 (sm_90), read through a constant cache of
+// 64-byte lines whose first touches a kernel pays in series at its entry (round 46: the combine
+// receive's imc stalls were all at the first loads of 8 lines). So the fields the latency kernels
+// read (combine send/receive, fused dispatch: found from their SASS) come first, in the three lines
+// from 0x210 to 0x2c0, and the struct is padded so the arguments after it start on a line.
 struct Params {
-  int W, G, tp, rank, group, replica;
-  int E, L, topk, H, M;
-  int row_bytes, scale_bytes, slot_bytes, table_bytes, part_bytes;
+  // 0x210-0x240 (shares the line with the driver's 0x208)
+  int W, G, tp, rank, E, L, topk, H, M;
+  int part_bytes;
+  int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
+                    // until it has about this many work items (call_slices)
+  int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
+  // 0x240-0x280
+  int group, replica;
+  int row_bytes, scale_bytes, slot_bytes, table_bytes;
+  int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
+  int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
+  int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
+  int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
+  int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
+  int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
+  int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
+                       // SELF_SEND (every token through the slots and flags, as another group's)
+  int pad_hot;         // keeps the 8-byte fields below on their lines
+  long long timeout_ns;
+  // 0x280-0x2c0
+  unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
+                                // set by the host: derived in the send it cost 8 B of spill
+  char* sym;  // this PE's symmetric arena (same offsets on every PE)
+  long long off_sig, off_tables, off_disp, off_comb;
+  unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
+                              // send work counter [3]=combine-receive finish counter [4]=err
+                              // [5]=dispatch copy work counter [6]=round of the current combine
+                              // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
+                              // [8]=largest source-token count of this round (set by the plan)
+  int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
+  // from 0x2c0: the rest
+  int* err_host; // pinned, mapped: {flag, phase, peer, round}
+  int* cnt;      // [nchunks, L]
+  long long off_stage_disp, off_stage_table, off_stage_comb;
   int out_code, xfer_code;
   int chunk, nchunks, num_sms;
   int nvl;
   int comb_loads;  // fused combine send: how it loads its rows (RowLoads)
   int bulk_recv;   // with LOADS_BULK: the fused receive half's partials by bulk copies too
-  long long timeout_ns;
-  int comb_items;   // a combine call cuts each token's partial into slices, each with its own flag,
-                    // until it has about this many work items (call_slices)
-  int entry_release;  // nvlink announces by release operations alone, no fence.sc.sys (round 14; =0 restores it)
-  int copy_pieces;  // pieces per token of the dispatch copy's work items (see dispatch_copy_kernel)
   int direct;       // sender-side expert ranks, one receive kernel (dispatch_direct_kernel; create_ctx)
-  int direct_blocks;  // send blocks that write the direct table (each its share of the tokens)
   int token_release;  // nvlink token flags by release stores alone, no fence.sc.sys (round 17)
   int ce_send;      // tokens cross by copy-engine copies (launch_ce_send); the send kernel ships the table only
-  int entry_last;   // the "entered" flags come from the grid's last block (entering_peer), not block 0
-  int recv_prefetch;  // combine receive: the next item's expert ids loaded before this item's wait
   int table_prefetch;  // direct table, one id per thread: id and weight loaded before the masks are cleared
-  int finish_block0;   // the combine receive's block 0 advances the round, no finish counter
   int ll_table;        // direct table of round-tagged words, polled by the receive: no announce (round 25)
-  int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int par_scan;        // direct receive: the expert offsets scanned by every thread, not by warp 0 (round 25)
   int copy_bulk;       // dispatch copy with a work counter: rows by bulk copies through shared memory (round 33)
   int plan_vec;        // plan: the count matrix read four experts a thread by 16-byte loads (round 33)
@@ -50,23 +77,15 @@ struct Params {
   int lean_fused;      // the fused dispatch's lean instance serves: the switches it fixes at their defaults
   int small_fused;     // with lean_fused, tagged table: calls of <= NTHREADS / topk rows take the SMALL instance
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
-  int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
-                       // SELF_SEND (every token through the slots and flags, as another group's)
-  unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
-                                // set by the host: derived in the send it cost 8 B of spill
-  char* sym;  // this PE's symmetric arena (same offsets on every PE)
-  long long off_sig, off_tables, off_disp, off_comb, off_stage_disp, off_stage_table, off_stage_comb;
-  unsigned long long* state;  // [0]=seq [1]=plan grid-barrier counter (never reset) [2]=fused combine
-                              // send work counter [3]=combine-receive finish counter [4]=err
-                              // [5]=dispatch copy work counter [6]=round of the current combine
-                              // [7]=fused combine receive work counter ([2], [5], [7] reset by the plan)
-                              // [8]=largest source-token count of this round (set by the plan)
-  int* cnt;      // [nchunks, L]
-  int* rowmap;   // [G, M, topk] received row of (g, t, k) or -1
-  int* err_host; // pinned, mapped: {flag, phase, peer, round}
   int pe[MAXW];
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
+  char pad_args[8];  // the kernel arguments after Params start on a constant-cache line
 };
+constexpr int PARAMS_BASE = 0x210;  // sm_90's first kernel-parameter byte in constant bank 0
+static_assert(offsetof(Params, timeout_ns) + PARAMS_BASE == 0x278 && offsetof(Params, rowmap) + PARAMS_BASE == 0x2b8,
+              "Params' hot fields must stay in the lines 0x200-0x2c0");
+static_assert((PARAMS_BASE + sizeof(Params)) % 64 == 0, "the arguments after Params must start on a 64-byte line");
+
 
 // Bit mask of group g's ranks (its tp replicas).
 inline unsigned long long group_ranks(int g, int tp) {
