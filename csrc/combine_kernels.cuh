@@ -105,11 +105,10 @@ __device__ __forceinline__ void add_row(float (&acc)[C][N], const VecT<T, N> (&r
 // WEIGHTED: ws[j] scales row j (else ws is not read). PAD: a batch's rows past nk add +0.0f
 // (zero vectors, weight 0): a sum that starts from +0.0f is never -0.0f, so adding +0.0f leaves
 // every bit of it, and the batch runs with no branch around each row's adds (round 43: those
-// branches' jumps over unrolled adds cost the latency kernels' first pass their fetches). Only
-// the send pads: the combine receive's padded batch measured 16.6 -> 17.2 us at 128 tokens
-// (run 33 call 3, its 32-token row 10.4 vs 10.8 without), so it keeps the branches, as does the
-// fused combine's receive half, where the zero rows' registers spilled.
-template <typename T, int N, int C, int RB, bool WEIGHTED, bool PAD = true>
+// branches' jumps over unrolled adds cost the latency kernels' first pass their fetches). The
+// combine send pads; the receive does not: padded, its 128-token combine measured 16.1 -> 17.2 us
+// (run 33 call 3, world size 1).
+template <typename T, int N, int C, int RB, bool WEIGHTED, bool PAD>
 __device__ __forceinline__ void sum_rows(const T* const* rows, const float* ws, int nk, int h, int H,
                                          float (&acc)[C][N]) {
   zero_sums(acc);
@@ -581,7 +580,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(
       auto sum_emit = [&]<bool WEIGHTED>() {
         for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
           float acc[C][N];
-          sum_rows<TY, N, C, ROW_BATCH, WEIGHTED>(sh_rows[warp], sh_w[warp], nk, h, h1, acc);
+          sum_rows<TY, N, C, ROW_BATCH, WEIGHTED, true>(sh_rows[warp], sh_w[warp], nk, h, h1, acc);
           emit(h, acc);
         }
       };

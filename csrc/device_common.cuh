@@ -21,8 +21,8 @@ constexpr int NWARPS = NTHREADS / 32;
 enum Phase : int { PH_DISPATCH_RECV = 1, PH_COMBINE_RECV = 2, PH_DISPATCH_GRID = 3 };
 
 // Kernel parameters sit in constant bank 0 from 0x210 (sm_90), read through a constant cache of
-// 64-byte lines whose first touches a kernel pays in series at its entry (round 46: the combine
-// receive's imc stalls were all at the first loads of 8 lines). So the fields the latency kernels
+// 64-byte lines; a launch misses on each line it first touches (round 46: the combine receive's
+// constant-cache stalls sat at the first loads of its 8 lines). So the fields the latency kernels
 // read (combine send/receive, fused dispatch: found from their SASS) come first, in the three lines
 // from 0x210 to 0x2c0, and the struct is padded so the arguments after it start on a line.
 // Combine receive and send 8 -> 6 lines, the fused dispatch 9 -> 7; DeepSeek decode combine at world
@@ -45,7 +45,6 @@ struct Params {
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
-  int pad_hot;         // keeps the 8-byte fields below on their lines
   long long timeout_ns;
   // 0x280-0x2c0
   unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
@@ -84,10 +83,8 @@ struct Params {
   char pad_args[8];  // the kernel arguments after Params start on a constant-cache line
 };
 constexpr int PARAMS_BASE = 0x210;  // sm_90's first kernel-parameter byte in constant bank 0
-static_assert(offsetof(Params, timeout_ns) + PARAMS_BASE == 0x278 && offsetof(Params, rowmap) + PARAMS_BASE == 0x2b8,
-              "Params' hot fields must stay in the lines 0x200-0x2c0");
+static_assert(PARAMS_BASE + offsetof(Params, err_host) == 0x2c0, "Params' hot fields (those before err_host) fill 0x210-0x2c0");
 static_assert((PARAMS_BASE + sizeof(Params)) % 64 == 0, "the arguments after Params must start on a 64-byte line");
-
 
 // Bit mask of group g's ranks (its tp replicas).
 inline unsigned long long group_ranks(int g, int tp) {
