@@ -723,22 +723,25 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     }
   }
   stamp_exit(ST_TABLE_ENTRIES);
-  if (j != 0) return;
-  const long long coff = 16 + (long long)p.M * topk * 8;
+  // The counts come from the last of the k blocks and the header from block 0, so with one
+  // token (block 0's share the only one) they are written, and on put put, in parallel.
   // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'
   // counts; the staging copy takes every count, and put_direct_table puts each rank its own).
+  if (j == k - 1) {
+    const long long coff = 16 + (long long)p.M * topk * 8;
 #pragma unroll 1
-  for (int r = 0; r < p.W; ++r) {
-    char* d = dst(r);
-    for (int e = r * p.L + tid; e < (r + 1) * p.L; e += nt) {
-      int cnt = 0;
+    for (int r = 0; r < p.W; ++r) {
+      char* d = dst(r);
+      for (int e = r * p.L + tid; e < (r + 1) * p.L; e += nt) {
+        int cnt = 0;
 #pragma unroll 1
-      for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
-      if (ll) st_tagged(d + ll_count_off(p) + e * 8, (unsigned)cnt, round);
-      else *reinterpret_cast<int*>(d + coff + e * 4) = cnt;
+        for (int c = 0; c < nw; ++c) cnt += __popc(msk[e * nw + c]);
+        if (ll) st_tagged(d + ll_count_off(p) + e * 8, (unsigned)cnt, round);
+        else *reinterpret_cast<int*>(d + coff + e * 4) = cnt;
+      }
     }
   }
-  if (tid != 0) return;
+  if (j != 0 || tid != 0) return;
 #pragma unroll 1
   for (int r = 0; r < nd; ++r) {
     if (ll) {
@@ -751,16 +754,18 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
 }
 
 // Put transport, direct receive: block j of k puts what write_table_direct staged for it to
-// every rank: its tokens' entries, and (block 0) the header and each rank's own experts'
-// counts. No signal: the receive polls the tagged words, and it polls every byte put here, so
-// a round's puts have all landed (and read the staging) before the next round can begin.
+// every rank: its tokens' entries, block 0 with the header before them in the same put, and
+// block k - 1 each rank's own experts' counts (with one token, one put per block, the two
+// blocks in parallel; each put is a block barrier or two, and on P2P a read of the staging).
+// No signal: the receive polls the tagged words, and it polls every byte put here, so a
+// round's puts have all landed (and read the staging) before the next round can begin.
 __device__ void put_direct_table(const Params& p, long long toff, const char* stage, int n, int j, int k) {
   const int per = (n + k - 1) / k, t0 = min(n, j * per), t1 = min(n, t0 + per);
-  const long long e0 = ll_entry_off(p, t0, 0), e1 = ll_entry_off(p, t1, 0);
+  const long long e0 = j == 0 ? 0 : ll_entry_off(p, t0, 0), e1 = ll_entry_off(p, t1, 0);
+#pragma unroll 1
   for (int r = 0; r < p.W; ++r) {
     if (e1 > e0) nvshmemx_putmem_nbi_block(p.sym + toff + e0, stage + e0, (size_t)(e1 - e0), p.pe[r]);
-    if (j == 0) {
-      nvshmemx_putmem_nbi_block(p.sym + toff, stage, 16, p.pe[r]);
+    if (j == k - 1) {
       const long long c0 = ll_count_off(p) + (long long)r * p.L * 8;
       nvshmemx_putmem_nbi_block(p.sym + toff + c0, stage + c0, (size_t)p.L * 8, p.pe[r]);
     }
