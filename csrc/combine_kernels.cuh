@@ -493,9 +493,11 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
-__global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96) combine_send_kernel(Params p, const TY* __restrict__ y,
-                                                    const float* __restrict__ w, RecvArgs<TY> ra) {
+__global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
+    combine_send_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
+                        const __grid_constant__ RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
+  warm_param_lines(p, ra);  // ra's line holds y and w too
   launch_dependents();  // a receive launched behind it by PDL (combine_whole) may start now
   constexpr int C = chunks_per_step<TY, N>();
   // LOADS_ASYNC: async_warp_int4s<TY, N>() int4 per warp. LOADS_BULK: bulk_warp_bytes<TY, N>()
@@ -732,8 +734,10 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
 // the output dtype; zeros elsewhere. Then the round counter advances (combine_finish).
 template <typename TX, typename TO, int N>
-__global__ void __launch_bounds__(NTHREADS) combine_recv_kernel(Params p, RecvArgs<TO> ra) {
+__global__ void __launch_bounds__(NTHREADS)
+    combine_recv_kernel(const __grid_constant__ Params p, const __grid_constant__ RecvArgs<TO> ra) {
   stamp_entry(ST_CRECV);
+  warm_param_lines(p, ra);
   __shared__ const TX* sh_src[NWARPS][MAXW];
   const unsigned long long round = combine_round(p);
   if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);

@@ -86,6 +86,36 @@ constexpr int PARAMS_BASE = 0x210;  // sm_90's first kernel-parameter byte in co
 static_assert(PARAMS_BASE + offsetof(Params, err_host) == 0x2c0, "Params' hot fields (those before err_host) fill 0x210-0x2c0");
 static_assert((PARAMS_BASE + sizeof(Params)) % 64 == 0, "the arguments after Params must start on a 64-byte line");
 
+// A launch's first read of each 64-byte line of its parameters misses the SM's constant cache,
+// and an instruction whose constant operand misses blocks its warp until the line arrives (ncu's
+// "imc" stall), so a kernel's entry fetched its lines one after another (round 46: 34% of the
+// 1-token combine receive's stall samples). warm_param_lines (round 48) has thread 0 read one
+// word of every line of Params' hot part (0x210-0x2c0) and of the given arguments by indexed
+// loads (LDC), which issue without waiting: the misses overlap, and the block's other warps find
+// the lines in the cache or on their way. The index is the block's rank in its cluster, zero (the
+// kernels are launched without clusters), read from a special register: the compiler cannot fold
+// it (constant offsets become blocking uniform loads) and it does not wait for line 0x0's miss as
+// gridDim would. The loads' OR feeds a store that runs only where that rank is not zero, i.e.
+// never, so they are not removed (a static __shared__ sink moved other kernels' shared arrays in
+// the device link: the untagged fused dispatch grew from 30 to 59 KB). The kernel's parameters
+// must be __grid_constant__, so taking their addresses makes no local copy.
+template <typename... A>
+__device__ __forceinline__ void warm_param_lines(const Params& p, const A&... args) {
+  if (threadIdx.x != 0) return;
+  unsigned z;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(z));
+  auto line_words = [z](const void* base, int bytes) {
+    const int* w = reinterpret_cast<const int*>(base);
+    int v = 0;
+#pragma unroll
+    for (int off = 0; off < bytes; off += 64) v |= w[z + off / 4];
+    return v | w[z + (bytes - 4) / 4];  // the last line, where the object does not start on one
+  };
+  // Params starts at 0x210: its words at 0x210, 0x250 and 0x290 are in the lines 0x200-0x280.
+  const int v = line_words(&p, 0x2c0 - PARAMS_BASE) | (line_words(&args, sizeof(A)) | ... | 0);
+  asm volatile("{ .reg .pred q; setp.ne.u32 q, %1, 0; @q st.volatile.shared.u32 [%1], %0; }" ::"r"(v), "r"(z));
+}
+
 // Bit mask of group g's ranks (its tp replicas).
 inline unsigned long long group_ranks(int g, int tp) {
   return tp >= 64 ? ~0ULL : (((1ULL << tp) - 1ULL) << (g * tp));
