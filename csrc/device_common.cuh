@@ -701,7 +701,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     return (bit_rank<true>(msk, id * nw, 1, t) << 16) | id;
   };
   // Every one of the k blocks built the whole masks (a few thousand shared-memory atomics at
-  // most); block j writes its share of the tokens, block 0 the counts and the header.
+  // most); block j writes its share of the tokens, block 0 the header, block k - 1 the counts.
   const int per = (n + k - 1) / k, t0 = min(n, j * per), t1 = min(n, t0 + per);
   if (vec) {
     const float4* w4 = reinterpret_cast<const float4*>(w);
@@ -753,8 +753,8 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
     }
   }
   stamp_exit(ST_TABLE_ENTRIES);
-  // The counts come from the last of the k blocks and the header from block 0, so with one
-  // token (block 0's share the only one) they are written, and on put put, in parallel.
+  // The counts come from the last of the k blocks and the header from block 0: with one token
+  // (block 0's share the only one) both are written, and on put also put, in parallel (round 47).
   // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'
   // counts; the staging copy takes every count, and put_direct_table puts each rank its own).
   if (j == k - 1) {
