@@ -8,8 +8,9 @@
 #
 # `start` writes DIR/slurm.conf naming this host as controller and only node, starts
 # munged if no munge daemon answers, then slurmctld and slurmd, and waits for the node
-# to be idle (addresses are 127.0.0.1: no name resolution needed). `stop` only kills the
-# pids recorded in DIR.
+# to be idle (addresses are 127.0.0.1: no name resolution needed; ports from Slurm's 6817 on,
+# the first free ones, so a cluster left running elsewhere is not the one the tests reach).
+# `stop` only kills the pids recorded in DIR.
 set -euo pipefail
 cmd=${1:?usage: local_cluster.sh install | start DIR | stop DIR}
 
@@ -29,8 +30,17 @@ install_packages() {
 
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
+# The first port from $1 on that nothing on this host accepts connections at. A cluster left
+# running (another test run's) holds Slurm's default ports: our slurmctld would die at its bind
+# while sinfo and sbatch went on talking to that one.
+free_port() {
+  local port=$1
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+  echo "$port"
+}
+
 start() {
-  local dir=$1 host cpus
+  local dir=$1 host cpus ctld_port slurmd_port
   mkdir -p "$dir"/state "$dir"/spool
   dir=$(cd "$dir" && pwd)
   host=$(hostname -s)
@@ -49,9 +59,13 @@ start() {
     for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
     munge_ok || { echo "munged did not start" >&2; exit 1; }
   fi
+  ctld_port=$(free_port 6817)
+  slurmd_port=$(free_port $((ctld_port + 1)))
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=moebackend
 SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
