@@ -83,7 +83,8 @@ struct Params {
   char pad_args[8];  // the kernel arguments after Params start on a constant-cache line
 };
 constexpr int PARAMS_BASE = 0x210;  // sm_90's first kernel-parameter byte in constant bank 0
-static_assert(PARAMS_BASE + offsetof(Params, err_host) == 0x2c0, "Params' hot fields (those before err_host) fill 0x210-0x2c0");
+constexpr int PARAMS_HOT_BYTES = offsetof(Params, err_host);  // the hot fields: those before err_host
+static_assert(PARAMS_BASE + PARAMS_HOT_BYTES == 0x2c0, "Params' hot fields fill 0x210-0x2c0");
 static_assert((PARAMS_BASE + sizeof(Params)) % 64 == 0, "the arguments after Params must start on a 64-byte line");
 
 // A launch's first read of each 64-byte line of its parameters misses the SM's constant cache,
@@ -95,10 +96,10 @@ static_assert((PARAMS_BASE + sizeof(Params)) % 64 == 0, "the arguments after Par
 // the lines in the cache or on their way. The index is the block's rank in its cluster, zero (the
 // kernels are launched without clusters), read from a special register: the compiler cannot fold
 // it (constant offsets become blocking uniform loads) and it does not wait for line 0x0's miss as
-// gridDim would. The loads' OR feeds a store that runs only where that rank is not zero, i.e.
-// never, so they are not removed (a static __shared__ sink moved other kernels' shared arrays in
-// the device link: the untagged fused dispatch grew from 30 to 59 KB). The kernel's parameters
-// must be __grid_constant__, so taking their addresses makes no local copy.
+// gridDim would. The loads' OR feeds a store that never runs, on a condition of that rank the
+// compiler cannot decide, so they are not removed (a static __shared__ sink moved other kernels'
+// shared arrays in the device link: the untagged fused dispatch grew from 30 to 59 KB). The
+// kernel's parameters must be __grid_constant__, so taking their addresses makes no local copy.
 template <typename... A>
 __device__ __forceinline__ void warm_param_lines(const Params& p, const A&... args) {
   if (threadIdx.x != 0) return;
@@ -112,8 +113,9 @@ __device__ __forceinline__ void warm_param_lines(const Params& p, const A&... ar
     return v | w[z + (bytes - 4) / 4];  // the last line, where the object does not start on one
   };
   // Params starts at 0x210: its words at 0x210, 0x250 and 0x290 are in the lines 0x200-0x280.
-  const int v = line_words(&p, 0x2c0 - PARAMS_BASE) | (line_words(&args, sizeof(A)) | ... | 0);
-  asm volatile("{ .reg .pred q; setp.ne.u32 q, %1, 0; @q st.volatile.shared.u32 [%1], %0; }" ::"r"(v), "r"(z));
+  const int v = line_words(&p, PARAMS_HOT_BYTES) | (line_words(&args, sizeof(A)) | ... | 0);
+  // A cluster rank is below 16 under any launch: the store never runs, with clusters or not.
+  asm volatile("{ .reg .pred q; setp.gt.u32 q, %1, 0xffff; @q st.volatile.shared.u32 [%1], %0; }" ::"r"(v), "r"(z));
 }
 
 // Bit mask of group g's ranks (its tp replicas).
@@ -556,6 +558,8 @@ __device__ __forceinline__ void table_portion_range(const Params& p, int n, int 
   t1 = min(n, t0 + per);
 }
 __device__ __forceinline__ long long table_token_off(const Params& p, int t) { return 16 + (long long)t * p.topk * 8; }
+// The untagged direct table's count[E], after its M tokens (written by write_table_direct, read by the direct receive).
+__device__ __forceinline__ long long table_count_off(const Params& p) { return table_token_off(p, p.M); }
 // Token t's ids[topk] (then weights[topk]) in group g's table at this rank.
 __device__ __forceinline__ const int* table_ids(const Params& p, int g, int t) {
   return reinterpret_cast<const int*>(p.sym + p.off_tables + (long long)g * p.table_bytes + table_token_off(p, t));
@@ -758,7 +762,7 @@ __device__ void write_table_direct(const Params& p, long long toff, const int* _
   // Expert e's count goes only to its owner, rank e / L (each receive reads its own experts'
   // counts; the staging copy takes every count, and put_direct_table puts each rank its own).
   if (j == k - 1) {
-    const long long coff = 16 + (long long)p.M * topk * 8;
+    const long long coff = table_count_off(p);
 #pragma unroll 1
     for (int r = 0; r < p.W; ++r) {
       char* d = dst(r);

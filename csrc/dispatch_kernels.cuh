@@ -797,7 +797,7 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
       }
       if (has_item && lane < topk) id_pre = (unsigned)__ldcg(tids + lane);
     }
-    const long long coff = 16 + (long long)M * topk * 8;  // count[E] of each table
+    const long long coff = table_count_off(p);  // count[E] of each table
     for (int e = tid; e < L; e += blockDim.x) {
       int acc = 0;
       for (int g = 0; g < G; ++g) {
