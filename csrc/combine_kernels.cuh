@@ -468,6 +468,105 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
   return nk;
 }
 
+// ---------------------------------------------------------------------------------------
+// Round-tagged partials (Params::ll_comb): a vector of N values at element h of a partial sits at
+// byte 2 * h * sizeof(T) of its tagged copy, each 4 payload bytes in the low half of an 8-byte
+// word whose high half is the round. Only for whole 16-byte vectors (TAGGED_VEC). The two-kernel
+// combine has instances of each form (TAGGED), the arena's chosen at launch: with both in one
+// kernel and the form chosen per call, the plain path of the decode combine was 0.4-0.8 us slower
+// at world size 1 (round 49), a latency kernel paying for code it does not run (round 42).
+template <typename T, int N>
+constexpr bool TAGGED_VEC = N * sizeof(T) % 16 == 0;
+template <typename T, int N>
+__device__ __forceinline__ void store_tagged_n(char* dst, const float* f, unsigned long long round) {
+  VecT<T, N> tmp;
+#pragma unroll
+  for (int i = 0; i < N; ++i) tmp.v[i] = from_f<T>(f[i]);
+#pragma unroll
+  for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b) {
+    const int4 u = reinterpret_cast<const int4*>(&tmp)[b];
+    st_tagged2(dst + 32 * b, (unsigned)u.x, (unsigned)u.y, round);
+    st_tagged2(dst + 32 * b + 16, (unsigned)u.z, (unsigned)u.w, round);
+  }
+}
+// The rank of the j-th set bit of mask (a timed-out poll's report).
+__device__ __forceinline__ int nth_rank(unsigned long long mask, int j) {
+  for (; j > 0; --j) mask &= mask - 1;
+  return __ffsll((long long)mask) - 1;
+}
+
+// One send item's tagged partial: slice [h0, h1) of the sum of the nk rows (weighted by ws when
+// `weighted`), as sum_rows makes it, to rank p.rank's tagged slot of token t at every replica of
+// group g. C: the send kernel's chunks per step (its slices are whole steps).
+template <typename TY, typename TX, int N, int C>
+__device__ __forceinline__ void send_tagged_item(const Params& p, const TY* const* rows, const float* ws, bool weighted,
+                                                 int nk, int h0, int h1, int g, int t, unsigned long long round) {
+  const long long off = comb_tagged_off(p, p.rank, t);
+  for (int h = h0 + (threadIdx.x & 31) * N; h < h1; h += 32 * N * C) {
+    float acc[C][N];
+    if (weighted) sum_rows<TY, N, C, ROW_BATCH, true, true>(rows, ws, nk, h, h1, acc);
+    else sum_rows<TY, N, C, ROW_BATCH, false, true>(rows, ws, nk, h, h1, acc);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int hh = h + c * 32 * N;
+      if (hh < h1)
+        for (int q = 0; q < p.tp; ++q)
+          store_tagged_n<TX, N>(p.peer[g * p.tp + q] + off + 2LL * hh * sizeof(TX), acc[c], round);
+    }
+  }
+}
+
+// One receive item's slice [h0, h1) of token t from the tagged partials at src[0..nr) (their
+// ranks: the set bits of mask), summed as sum_rows sums the plain ones, in the same order, into
+// out_row. TAGGED_RB ranks' words are loaded together; while any carries an older round, all are
+// loaded again (one rolled poll: a poll per word, inlined, tripled the receive's code).
+constexpr int TAGGED_RB = 2;
+template <typename TX, typename TO, int N, int C>
+__device__ __forceinline__ void recv_tagged_item(const Params& p, const char* const* src, unsigned long long mask,
+                                                 int nr, int h0, int h1, TO* out_row, unsigned long long round) {
+  constexpr int NW = N * sizeof(TX) / 8;  // 16-byte words of two tagged words per vector
+  for (int h = h0 + (threadIdx.x & 31) * N; h < h1; h += 32 * N * C) {
+    float acc[C][N];
+    zero_sums(acc);
+#pragma unroll 1
+    for (int j0 = 0; j0 < nr; j0 += TAGGED_RB) {
+      ulonglong2 wv[TAGGED_RB][C][NW];
+      auto load = [&] {
+        bool now = true;
+#pragma unroll
+        for (int r = 0; r < TAGGED_RB; ++r)
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int u = 0; u < NW; ++u) {
+              const bool live = j0 + r < nr && h + c * 32 * N < h1;
+              wv[r][c][u] = live ? ld_tagged2(src[j0 + r] + 2LL * (h + c * 32 * N) * sizeof(TX) + 16 * u)
+                                 : make_ulonglong2(0, 0);
+              now = now && (!live || tagged_now(wv[r][c][u], round));
+            }
+        return now;
+      };
+      bounded_poll(p, load, PH_COMBINE_RECV, nth_rank(mask, j0), round);
+#pragma unroll
+      for (int r = 0; r < TAGGED_RB; ++r) {
+        if (j0 + r >= nr) break;
+        VecT<TX, N> raw[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+          for (int u = 0; u < NW; ++u) {
+            reinterpret_cast<unsigned*>(&raw[c])[2 * u] = (unsigned)wv[r][c][u].x;
+            reinterpret_cast<unsigned*>(&raw[c])[2 * u + 1] = (unsigned)wv[r][c][u].y;
+          }
+        add_row_scaled<TX, N, C, false>(acc, raw, 1.0f);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (h + c * 32 * N < h1) store_n<TO, N>(out_row + h + c * 32 * N, acc[c]);
+  }
+}
+
 // What a combine receive needs (the fused send kernel's receive half; unused otherwise).
 // The host passes RecvArgs<void> around and types it at the launch.
 template <typename TO>
@@ -482,7 +581,7 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
   return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
 }
 
-template <typename TX, typename TO, int N, int RB, bool COUNTER>
+template <typename TX, typename TO, int N, int RB, bool COUNTER, bool TAGGED>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk);
 __device__ void combine_finish(const Params& p, unsigned long long round);
@@ -492,7 +591,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // receive items (counter state[7]), so the receive starts where the send ends, in the same
 // blocks, without a second launch; launched on the side stream like the overlapped receive,
 // so the caller's stream never waits in it.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS = LOADS_REGS, bool TAGGED = false>
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     combine_send_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
                         const __grid_constant__ RecvArgs<TY> ra) {
@@ -527,6 +626,9 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
   }
 
   const int S = call_slices(p);
+  // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb): the two-kernel nvlink
+  // combine with register row loads and whole 16-byte vectors.
+  static_assert(!TAGGED || (NVL && !FUSED && LOADS == LOADS_REGS && TAGGED_VEC<TX, N>), "no tagged form here");
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
   // for each of those empty items (G*M*S of them with a few tokens in a large arena).
@@ -552,6 +654,11 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
+    if constexpr (TAGGED) {  // no flag: the words carry their round
+      send_tagged_item<TY, TX, N, C>(p, sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, g, t, round);
+      __syncwarp();
+      continue;
+    }
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.
@@ -622,7 +729,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
     constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    combine_recv_items<TX, TY, N, 2, true>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
+    combine_recv_items<TX, TY, N, 2, true, false>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -636,7 +743,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
 // dtype; zeros for rows past n and tokens with no expert.
 // bulk: the partials of items with at least one come by bulk copies through this warp's ring
 // (sum_units_bulk); otherwise by registers (sum_rows).
-template <typename TX, typename TO, int N, int RB, bool COUNTER>
+template <typename TX, typename TO, int N, int RB, bool COUNTER, bool TAGGED>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk) {
   constexpr int C = chunks_per_step<TX, N>();
@@ -646,6 +753,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
   int n = ra.nptr ? *ra.nptr : ra.n_host;
   n = n < 0 ? 0 : (n > ra.rows ? ra.rows : n);
   const int S = call_slices(p);
+  static_assert(!TAGGED || (!COUNTER && TAGGED_VEC<TX, N>), "no tagged form here");
   const long long items = (long long)ra.rows * S;
   const long long stride = (long long)gridDim.x * nwarps;
   // Grid-stride items with topk <= 32: the next item's ids (one per lane) are loaded before
@@ -675,6 +783,19 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
+    if constexpr (TAGGED) {  // no flags: the words are polled as they are summed
+#pragma unroll 1
+      for (int r = lane; r < p.W; r += 32)
+        if ((mask >> r) & 1)
+          sh_src[__popcll(mask & ((1ULL << r) - 1))] = reinterpret_cast<const TX*>(p.sym + comb_tagged_off(p, r, t));
+      __syncwarp();
+      int h0, h1;
+      slice_range(H, S, sl, 32 * N * C, h0, h1);
+      recv_tagged_item<TX, TO, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, __popcll(mask), h0, h1,
+                                     ra.out + (long long)t * H, round);
+      __syncwarp();
+      continue;
+    }
     // Every slice flag of every holding rank (the sender's slices need not match ours).
 #pragma unroll 1
     for (int q = lane; q < p.W * S; q += 32) {
@@ -733,7 +854,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // Combine receive: wait for every rank's barrier flag; one warp per own token sums the
 // partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
 // the output dtype; zeros elsewhere. Then the round counter advances (combine_finish).
-template <typename TX, typename TO, int N>
+template <typename TX, typename TO, int N, bool TAGGED = false>
 __global__ void __launch_bounds__(NTHREADS)
     combine_recv_kernel(const __grid_constant__ Params p, const __grid_constant__ RecvArgs<TO> ra) {
   stamp_entry(ST_CRECV);
@@ -742,7 +863,8 @@ __global__ void __launch_bounds__(NTHREADS)
   const unsigned long long round = combine_round(p);
   if (const int r = entering_peer(p); r >= 0) wait_flag(p, sigp(p, p.sym, sig_barrier(p, r)), round, PH_COMBINE_RECV, r);
   BulkRing none{};
-  combine_recv_items<TX, TO, N, ROW_BATCH, false>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none, false);
+  combine_recv_items<TX, TO, N, ROW_BATCH, false, TAGGED>(p, ra, sh_src[threadIdx.x >> 5], (int)blockDim.x >> 5, none,
+                                                          false);
   combine_finish(p, round);
   // Launched by PDL behind the send (combine_whole), this grid may otherwise end before the
   // send does; waiting here makes its end imply the send's, so later work on the stream (that

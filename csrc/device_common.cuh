@@ -45,6 +45,8 @@ struct Params {
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
+  int ll_comb;         // nvlink two-kernel combine: partials in round-tagged words, no flag (the TAGGED
+                       // instances; comb_tagged_off)
   long long timeout_ns;
   // 0x280-0x2c0
   unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
@@ -151,6 +153,18 @@ __device__ __forceinline__ int call_slices(const Params& p) {
   const long long by_items = p.comb_items / tokens;
   const int cap = (p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS;
   return by_items < 1 ? 1 : (by_items > cap ? cap : (int)by_items);
+}
+
+// Round-tagged partials (p.ll_comb, the combine's counterpart of LL_ROWS): the combine stores
+// its partials as round-tagged words (4 payload bytes in each 8-byte word, twice the bytes) into
+// their own region after the plain partials (nvshmem_runtime.layout), and raises no flag: each
+// receive lane polls the words it sums, so the partial's bytes and its "ready" arrive together,
+// with no release (which waits for the stores' acknowledgements) between them. Not the plain
+// region: there a word's high half is data, which could by chance equal a later round's tag
+// (the fused combine, which an arena may also run, writes plain partials).
+// Byte offset of rank r's tagged partial of token t (2 * part_bytes each).
+__device__ __forceinline__ long long comb_tagged_off(const Params& p, int r, int t) {
+  return p.off_comb + (long long)p.W * p.M * p.part_bytes + ((long long)r * p.M + t) * 2LL * p.part_bytes;
 }
 
 // Element range [h0, h1) of slice s of a row of H elements cut into S slices of whole steps

@@ -189,7 +189,7 @@ static void free_ctx(Ctx* cx) {
 }
 
 int64_t create_ctx(std::vector<int64_t> c) {
-  MOE_CHECK(c.size() >= 37, "create_ctx: short config");
+  MOE_CHECK(c.size() >= 38, "create_ctx: short config");
   // Freed with what it holds if a check below throws; handed to the caller at the end.
   std::unique_ptr<Ctx, void (*)(Ctx*)> owner(new Ctx(), free_ctx);
   Ctx* cx = owner.get();
@@ -203,6 +203,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->timeout_ns = c[i++];
   p->comb_items = c[i++];
   MOE_CHECK(p->comb_items >= 1, "create_ctx: combine items must be positive, got ", p->comb_items);
+  const long long ll_comb_tokens = c[i++];
+  MOE_CHECK(ll_comb_tokens >= 0, "create_ctx: the tagged combine's token count must be >= 0, got ", ll_comb_tokens);
   const bool send_stream = c[i++] != 0;
   p->sym = reinterpret_cast<char*>(c[i++]);
   p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];
@@ -277,6 +279,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const bool fits = p->row_bytes % 16 == 0 && p->scale_bytes % 16 == 0 && p->scale_bytes <= 512 &&
                       p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
     p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? 1 : 0;
+  }
+  // The combine's round-tagged partials (the TAGGED instances, round 49): nvlink arenas whose
+  // combine region has room for them after the plain partials (nvshmem_runtime.layout), of at
+  // most ll_comb_tokens tokens (nvshmem_runtime.ll_combine_tokens; 0 turns them off), rows of
+  // whole 16-byte vectors (H % 8 == 0: the N = 8 instances).
+  {
+    const bool room = p->off_stage_disp - p->off_comb >= 3LL * p->W * p->M * p->part_bytes;
+    p->ll_comb = p->nvl && room && p->H % 8 == 0 && p->M <= ll_comb_tokens ? 1 : 0;
   }
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
@@ -843,7 +853,7 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 
 // One combine-send variant: sets its attributes on first use (the pipelined variant's dynamic
 // shared memory) and returns the registers one of its blocks takes.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, bool TAGGED = false>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
   constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
@@ -851,11 +861,11 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
                                              : 0;
   static const int regs = [] {
     if (smem)
-      CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>,
+      CUDA_OK(cudaFuncSetAttribute(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS, TAGGED>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS>, NTHREADS, FUSED);
+    return ready_kernel(combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS, TAGGED>, NTHREADS, FUSED);
   }();
-  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
+  combine_send_kernel<NVL, TY, TX, N, FUSED, LOADS, TAGGED><<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
 }
 
@@ -866,6 +876,10 @@ template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
   const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
   const TY* yp = reinterpret_cast<const TY*>(y);
+  if constexpr (NVL && TAGGED_VEC<TX, N>) {
+    if (!rs && p.ll_comb)
+      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, true>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+  }
   if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
@@ -899,14 +913,17 @@ static int launch_combine_send_x(const Params& p, const void* y, const float* w,
 constexpr int COMB_OVERLAP_THREADS = 128;
 // pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
 // once every send block has started, as the overlapped receive does on the side stream.
-template <typename TX, typename TO, int N>
+template <typename TX, typename TO, int N, bool TAGGED = false>
 static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int send_regs, bool pdl, cudaStream_t s) {
+  if constexpr (!TAGGED && TAGGED_VEC<TX, N>) {
+    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, true>(p, ra, send_regs, pdl, s);
+  }
   const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
-  static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N>, COMB_OVERLAP_THREADS, false);
+  static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);
   if (send_regs && send_regs + regs > 65536) return false;
   Launch launch(blocks, threads, s, pdl);
-  CUDA_OK(cudaLaunchKernelEx(&launch.cfg, combine_recv_kernel<TX, TO, N>, p, typed<TO>(ra)));
+  CUDA_OK(cudaLaunchKernelEx(&launch.cfg, combine_recv_kernel<TX, TO, N, TAGGED>, p, typed<TO>(ra)));
   return true;
 }
 template <typename TX, typename TO>

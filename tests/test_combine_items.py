@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from moe_backend.backends.nvshmem_runtime import combine_flags_per_rank, combine_items, layout
+from moe_backend.backends.nvshmem_runtime import (
+    buffer_bytes,
+    combine_flags_per_rank,
+    combine_items,
+    layout,
+    ll_combine_tokens,
+)
 from moe_backend.spec import CommSpec
 
 
@@ -27,3 +33,30 @@ def test_combine_items_override(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("MOE_BACKEND_NVSHMEM_COMBINE_ITEMS", bad)
         with pytest.raises(ValueError, match="COMBINE_ITEMS"):
             combine_items()
+
+
+def test_tagged_partials_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arenas of at most LL_COMBINE tokens send round-tagged partials (default 32, 0: none);
+    anything but a token count is refused (before an arena's collective allocation)."""
+    monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", raising=False)
+    assert ll_combine_tokens() == 32
+    for good, want in (("0", 0), ("32", 32), ("4096", 4096)):
+        monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", good)
+        assert ll_combine_tokens() == want
+    for bad in ("-1", "eight", "1.5", "9999999999"):
+        monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", bad)
+        with pytest.raises(ValueError, match="LL_COMBINE must be a token count"):
+            ll_combine_tokens()
+
+
+def test_tagged_partials_have_their_own_region() -> None:
+    """An nvlink decode arena's combine region holds the plain partials and, after them, each in
+    round-tagged words (twice the bytes): the tagged receive never polls words that a plain
+    combine (the fused one, which such an arena may also run) wrote."""
+    W, M, part = 2, 128, 7168 * 2
+    decode = CommSpec(256, 8, 7168, M, W)
+    nvl, put = layout(decode, "nvlink"), layout(decode, "put")
+    assert nvl["combine"] == W * M * part + 2 * W * M * part
+    assert nvl["off_stage_disp"] - nvl["off_combine"] >= 3 * W * M * part  # what create_ctx checks
+    assert put["combine"] == W * M * part
+    assert buffer_bytes(CommSpec(256, 8, 7168, 4096, W), "nvlink")["combine"] == W * 4096 * part

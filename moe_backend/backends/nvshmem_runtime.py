@@ -42,14 +42,19 @@ def _up(x: int, a: int = 16) -> int:
     return (x + a - 1) // a * a
 
 
+def has_tagged_room(spec: CommSpec, transport: str) -> bool:
+    """Whether the arena has room for round-tagged rows and partials: nvlink arenas whose table
+    fits the direct receive's one portion (the decode arenas)."""
+    return transport == "nvlink" and spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
+
+
 def row_sizes(spec: CommSpec, transport: str) -> dict[str, int]:
     """Bytes of one dispatch slot (x row + fp8 scales), one routing table, one combine partial."""
     row = spec.hidden * spec.in_dtype.itemsize
     scale = spec.num_scales * 4
     # nvlink arenas whose table fits the direct receive's one portion have room for the rows in
     # round-tagged words too (twice the bytes; LL_ROWS, round 38; put never tags its rows).
-    small = spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
-    tagged = 2 if transport == "nvlink" and small else 1
+    tagged = 2 if has_tagged_room(spec, transport) else 1
     return {
         "row_bytes": row,
         "scale_bytes": scale,
@@ -72,7 +77,9 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
                                            or all of it in round-tagged 8-byte words, twice the bytes)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales; twice
                                            that in nvlink arenas with room for round-tagged rows)
-      combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype)
+      combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype; in arenas with
+                                           room for round-tagged words, then 2 * W * M * part_bytes for
+                                           the partials in them, LL_COMBINE)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
     """
     if transport not in ("put", "nvlink"):
@@ -83,7 +90,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
         "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
-        "combine": W * M * s["part_bytes"],
+        "combine": W * M * s["part_bytes"] * (3 if has_tagged_room(spec, transport) else 1),
         "stage_disp": M * s["slot_bytes"] if transport == "put" else 0,
         "stage_table": s["table_bytes"] if transport == "put" else 0,
         "stage_comb": G * M * s["part_bytes"] if transport == "put" else 0,
@@ -134,6 +141,25 @@ def combine_items() -> int:
         return _COMBINE_ITEMS
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"MOE_BACKEND_NVSHMEM_COMBINE_ITEMS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+# Arenas of at most this many tokens (max_num_tokens) send their combine partials in round-tagged
+# words that the receive polls, with no flag (nvlink arenas with room for them: has_tagged_room;
+# the kernels' TAGGED instances, round 49). Twice a partial's bytes over the link, so small arenas
+# only: at EP2 a 128-token call's partials would take ~5 us more of it, a 32-token call's ~1.3.
+# MOE_BACKEND_NVSHMEM_LL_COMBINE=k overrides it (0 turns it off; every rank must agree).
+_LL_COMBINE_TOKENS = 32
+
+
+def ll_combine_tokens() -> int:
+    """The largest arena (max_num_tokens) whose combine partials go as round-tagged words
+    (MOE_BACKEND_NVSHMEM_LL_COMBINE, default 32; 0: none)."""
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_LL_COMBINE", "")
+    if not raw:
+        return _LL_COMBINE_TOKENS
+    if not raw.isdigit() or len(raw) > 9:
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_LL_COMBINE must be a token count (0 turns it off), got {raw!r}")
     return int(raw)
 
 
@@ -264,6 +290,7 @@ class Arena:
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)
+        ll_combine = ll_combine_tokens()  # a bad value raises before the collective allocation
         self.sym = int(o.sym_malloc(self.layout["symmetric_total"]))  # collective
         peers = [int(o.peer_ptr(self.sym, pe)) for pe in pes]
         if transport == "nvlink" and not all(peers):
@@ -286,7 +313,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_items(), int(send_stream),
+            int(timeout_s * 1e9), combine_items(), ll_combine, int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],

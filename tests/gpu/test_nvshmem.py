@@ -188,6 +188,16 @@ def test_contract_suite_tagged_rows():
         _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
+def test_contract_suite_tagged_partials():
+    """The combine's partials in round-tagged words that the receive polls, no flag (LL_COMBINE:
+    by default in nvlink arenas of at most 32 tokens): in every arena with room for them, in none,
+    and in arenas of at most 20 tokens with the whole combine's PDL launch: the same results,
+    rounds and replays."""
+    for env in ({"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"}, {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
+                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"}):
+        _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
+
+
 def test_contract_suite_whole_combine_on_one_stream():
     """`comm.combine` with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 (round 36): where the receive would
     overlap the send, both kernels on the caller's stream, the receive launched by PDL (no fork
@@ -263,8 +273,16 @@ def _rounds_and_graph(seed, transport):
     _workers.graph_worker(seed, transport, 6)
 
 
-def test_timeout_names_phase_and_peer():
-    launch.spawn(_workers.timeout_worker, 2, "nvlink", dist_backend=BACKEND, timeout=45 * SLOW)
+@pytest.mark.parametrize("tagged_tokens", ["0", "4096"])
+def test_timeout_names_phase_and_peer(tagged_tokens):
+    """A rank that never sends: the other's receive raises naming the phase and the rank, the
+    combine's with its partials behind flags (LL_COMBINE=0) and in round-tagged words (4096)."""
+    launch.spawn(_timeout_under_env, 2, tagged_tokens, dist_backend=BACKEND, timeout=45 * SLOW)
+
+
+def _timeout_under_env(tagged_tokens):
+    os.environ["MOE_BACKEND_NVSHMEM_LL_COMBINE"] = tagged_tokens  # read when an arena is created
+    _workers.timeout_worker("nvlink")
 
 
 def test_contract_tasks_bad_inputs_split_phases_padded_valid_rows():

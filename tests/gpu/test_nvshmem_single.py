@@ -102,6 +102,9 @@ def _overlap_env(on: str) -> dict[str, str]:
 # default, round 42, the lean instance with the switches fixed at compile time serves there).
 # "lean-not-small": the lean instance for every call (SMALL_FUSED=0; by default, round 43, calls
 # of at most 512 / topk tokens take the small instance, with the table's one-id-a-thread form only).
+# "tagged-partials": every nvlink arena with room for them (the small ones) sends its combine
+# partials in round-tagged words that the receive polls, no flag (LL_COMBINE; by default arenas of
+# at most 32 tokens); "untagged-partials": none does; "mixed-partials": arenas of at most 20 tokens do.
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
@@ -119,6 +122,9 @@ VARIANTS = {
     "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "general-fused": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LEAN_FUSED": "0"},
     "lean-not-small": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_SMALL_FUSED": "0"},
+    "tagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"},
+    "untagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
+    "mixed-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20"},
 }
 
 
@@ -142,7 +148,8 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows",
+                                     "tagged-partials"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
