@@ -49,14 +49,22 @@ def test_tagged_partials_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
             ll_combine_tokens()
 
 
-def test_tagged_partials_have_their_own_region() -> None:
-    """An nvlink decode arena's combine region holds the plain partials and, after them, each in
-    round-tagged words (twice the bytes): the tagged receive never polls words that a plain
-    combine (the fused one, which such an arena may also run) wrote."""
-    W, M, part = 2, 128, 7168 * 2
-    decode = CommSpec(256, 8, 7168, M, W)
-    nvl, put = layout(decode, "nvlink"), layout(decode, "put")
-    assert nvl["combine"] == W * M * part + 2 * W * M * part
-    assert nvl["off_stage_disp"] - nvl["off_combine"] >= 3 * W * M * part  # what create_ctx checks
-    assert put["combine"] == W * M * part
+def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvlink arena whose partials go as round-tagged words holds the plain partials and, after
+    them, each in tagged words (twice the bytes): the tagged receive never polls words that a plain
+    combine (the fused one, which such an arena may also run) wrote. Other arenas hold no such room:
+    put's, the prefill arena's, and by default an arena of more than 32 tokens."""
+    monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", raising=False)
+    W, part = 2, 7168 * 2
+    small = CommSpec(256, 8, 7168, 32, W)
+    nvl = layout(small, "nvlink")
+    assert nvl["combine"] == W * 32 * part + 2 * W * 32 * part
+    assert nvl["off_stage_disp"] - nvl["off_combine"] >= 3 * W * 32 * part  # what create_ctx checks
+    assert layout(small, "put")["combine"] == W * 32 * part
+    decode = CommSpec(256, 8, 7168, 128, W)
+    assert buffer_bytes(decode, "nvlink")["combine"] == W * 128 * part
     assert buffer_bytes(CommSpec(256, 8, 7168, 4096, W), "nvlink")["combine"] == W * 4096 * part
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "128")
+    assert buffer_bytes(decode, "nvlink")["combine"] == 3 * W * 128 * part
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "0")
+    assert layout(small, "nvlink")["combine"] == W * 32 * part

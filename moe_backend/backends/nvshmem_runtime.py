@@ -77,9 +77,9 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
                                            or all of it in round-tagged 8-byte words, twice the bytes)
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales; twice
                                            that in nvlink arenas with room for round-tagged rows)
-      combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype; in arenas with
-                                           room for round-tagged words, then 2 * W * M * part_bytes for
-                                           the partials in them, LL_COMBINE)
+      combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype; then, in arenas
+                                           whose partials go as round-tagged words (tagged_partials),
+                                           2 * W * M * part_bytes for those)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
     """
     if transport not in ("put", "nvlink"):
@@ -90,7 +90,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
         "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
-        "combine": W * M * s["part_bytes"] * (3 if has_tagged_room(spec, transport) else 1),
+        "combine": W * M * s["part_bytes"] * (3 if tagged_partials(spec, transport) else 1),
         "stage_disp": M * s["slot_bytes"] if transport == "put" else 0,
         "stage_table": s["table_bytes"] if transport == "put" else 0,
         "stage_comb": G * M * s["part_bytes"] if transport == "put" else 0,
@@ -161,6 +161,12 @@ def ll_combine_tokens() -> int:
     if not raw.isdigit() or len(raw) > 9:
         raise ValueError(f"MOE_BACKEND_NVSHMEM_LL_COMBINE must be a token count (0 turns it off), got {raw!r}")
     return int(raw)
+
+
+def tagged_partials(spec: CommSpec, transport: str) -> bool:
+    """Whether the arena's combine partials go as round-tagged words: nvlink arenas with room for
+    them of at most ll_combine_tokens() tokens (the kernels check the region's size, create_ctx)."""
+    return has_tagged_room(spec, transport) and spec.max_num_tokens <= ll_combine_tokens()
 
 
 def combine_flags_per_rank(spec: CommSpec) -> int:
