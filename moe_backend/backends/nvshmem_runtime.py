@@ -43,8 +43,8 @@ def _up(x: int, a: int = 16) -> int:
 
 
 def has_tagged_room(spec: CommSpec, transport: str) -> bool:
-    """Whether the arena has room for round-tagged rows and partials: nvlink arenas whose table
-    fits the direct receive's one portion (the decode arenas)."""
+    """Whether the arena can hold round-tagged rows (LL_ROWS) and partials (tagged_partials):
+    nvlink arenas whose table fits the direct receive's one portion (the decode arenas)."""
     return transport == "nvlink" and spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
 
 
