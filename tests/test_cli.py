@@ -36,15 +36,16 @@ def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
     res = cli("bench", "--all-presets", "--backend", "reference", "--iters", "2", "--warmup", "1",
               "--num-tokens", "1", "64", "--out", str(out), "--plot", str(png))
     assert res.returncode == 0, res.stdout + res.stderr
-    names = ["deepseek-decode", "deepseek-prefill", "deepseek-sweep", "mixtral"]
+    names = ["deepseek-decode", "deepseek-decode-each", "deepseek-prefill", "deepseek-sweep", "mixtral"]
     for name in names:
         assert f"== {name}:" in res.stdout
     report = json.loads(out.read_text())
     assert {"date", "commit", "torch", "world_size"} <= set(report["machine"])
     assert [r["preset"] for r in report["results"]] == names
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    sweep = report["results"][2]
+    sweep = report["results"][3]
     assert sweep["config"]["bench"]["size_each"] and not report["results"][0]["config"]["bench"]["size_each"]
+    assert report["results"][1]["config"]["bench"]["size_each"]  # decode, an arena per batch size
     for row in (r for r in sweep["rows"] if r["backend"] == "reference"):
         o = row["overlap"]  # the sweep preset also times dispatch around an independent matmul
         assert o["matmul_reps"] >= 1 and o["ratio"] == o["overlapped_us"] / max(o["dispatch_us"], o["matmul_us"])
