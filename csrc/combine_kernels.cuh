@@ -472,7 +472,8 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
 // Round-tagged partials (Params::ll_comb): a vector of N values at element h of a partial sits at
 // byte 2 * h * sizeof(T) of its tagged copy, each 4 payload bytes in the low half of an 8-byte
 // word whose high half is the round. Only for whole 16-byte vectors (TAGGED_VEC). The two-kernel
-// combine has instances of each form (TAGGED), the arena's chosen at launch: with both in one
+// combine has instances of each form (TAGGED: the send's emit stores tagged words and raises no
+// flag, the receive sums by sum_tagged_rows), the arena's chosen at launch: with both in one
 // kernel and the form chosen per call, the plain path of the decode combine was 0.4-0.8 us slower
 // at world size 1 (round 49), a latency kernel paying for code it does not run (round 42).
 template <typename T, int N>
@@ -495,75 +496,48 @@ __device__ __forceinline__ int nth_rank(unsigned long long mask, int j) {
   return __ffsll((long long)mask) - 1;
 }
 
-// One send item's tagged partial: slice [h0, h1) of the sum of the nk rows (weighted by ws when
-// `weighted`), as sum_rows makes it, to rank p.rank's tagged slot of token t at every replica of
-// group g. C: the send kernel's chunks per step (its slices are whole steps).
-template <typename TY, typename TX, int N, int C>
-__device__ __forceinline__ void send_tagged_item(const Params& p, const TY* const* rows, const float* ws, bool weighted,
-                                                 int nk, int h0, int h1, int g, int t, unsigned long long round) {
-  const long long off = comb_tagged_off(p, p.rank, t);
-  for (int h = h0 + (threadIdx.x & 31) * N; h < h1; h += 32 * N * C) {
-    float acc[C][N];
-    if (weighted) sum_rows<TY, N, C, ROW_BATCH, true, true>(rows, ws, nk, h, h1, acc);
-    else sum_rows<TY, N, C, ROW_BATCH, false, true>(rows, ws, nk, h, h1, acc);
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int hh = h + c * 32 * N;
-      if (hh < h1)
-        for (int q = 0; q < p.tp; ++q)
-          store_tagged_n<TX, N>(p.peer[g * p.tp + q] + off + 2LL * hh * sizeof(TX), acc[c], round);
-    }
-  }
-}
-
-// One receive item's slice [h0, h1) of token t from the tagged partials at src[0..nr) (their
-// ranks: the set bits of mask), summed as sum_rows sums the plain ones, in the same order, into
-// out_row. TAGGED_RB ranks' words are loaded together; while any carries an older round, all are
-// loaded again (one rolled poll: a poll per word, inlined, tripled the receive's code).
+// sum_rows' unweighted sum for the tagged partials at src[0..nr) (their ranks: the set bits of
+// mask), in the same order: acc[c] over elements [h + c*32*N, ...) below h1. TAGGED_RB ranks'
+// words are loaded together; while any carries an older round, all are loaded again (one rolled
+// poll: a poll per word, inlined, tripled the receive's code).
 constexpr int TAGGED_RB = 2;
-template <typename TX, typename TO, int N, int C>
-__device__ __forceinline__ void recv_tagged_item(const Params& p, const char* const* src, unsigned long long mask,
-                                                 int nr, int h0, int h1, TO* out_row, unsigned long long round) {
+template <typename TX, int N, int C>
+__device__ __forceinline__ void sum_tagged_rows(const Params& p, const char* const* src, unsigned long long mask,
+                                                int nr, int h, int h1, unsigned long long round, float (&acc)[C][N]) {
   constexpr int NW = N * sizeof(TX) / 8;  // 16-byte words of two tagged words per vector
-  for (int h = h0 + (threadIdx.x & 31) * N; h < h1; h += 32 * N * C) {
-    float acc[C][N];
-    zero_sums(acc);
+  zero_sums(acc);
 #pragma unroll 1
-    for (int j0 = 0; j0 < nr; j0 += TAGGED_RB) {
-      ulonglong2 wv[TAGGED_RB][C][NW];
-      auto load = [&] {
-        bool now = true;
+  for (int j0 = 0; j0 < nr; j0 += TAGGED_RB) {
+    ulonglong2 wv[TAGGED_RB][C][NW];
+    auto load = [&] {
+      bool now = true;
 #pragma unroll
-        for (int r = 0; r < TAGGED_RB; ++r)
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-#pragma unroll
-            for (int u = 0; u < NW; ++u) {
-              const bool live = j0 + r < nr && h + c * 32 * N < h1;
-              wv[r][c][u] = live ? ld_tagged2(src[j0 + r] + 2LL * (h + c * 32 * N) * sizeof(TX) + 16 * u)
-                                 : make_ulonglong2(0, 0);
-              now = now && (!live || tagged_now(wv[r][c][u], round));
-            }
-        return now;
-      };
-      bounded_poll(p, load, PH_COMBINE_RECV, nth_rank(mask, j0), round);
-#pragma unroll
-      for (int r = 0; r < TAGGED_RB; ++r) {
-        if (j0 + r >= nr) break;
-        VecT<TX, N> raw[C];
+      for (int r = 0; r < TAGGED_RB; ++r)
 #pragma unroll
         for (int c = 0; c < C; ++c)
 #pragma unroll
           for (int u = 0; u < NW; ++u) {
-            reinterpret_cast<unsigned*>(&raw[c])[2 * u] = (unsigned)wv[r][c][u].x;
-            reinterpret_cast<unsigned*>(&raw[c])[2 * u + 1] = (unsigned)wv[r][c][u].y;
+            const bool live = j0 + r < nr && h + c * 32 * N < h1;
+            wv[r][c][u] = live ? ld_tagged2(src[j0 + r] + 2LL * (h + c * 32 * N) * sizeof(TX) + 16 * u)
+                               : make_ulonglong2(0, 0);
+            now = now && (!live || tagged_now(wv[r][c][u], round));
           }
-        add_row_scaled<TX, N, C, false>(acc, raw, 1.0f);
-      }
-    }
+      return now;
+    };
+    bounded_poll(p, load, PH_COMBINE_RECV, nth_rank(mask, j0), round);
 #pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (h + c * 32 * N < h1) store_n<TO, N>(out_row + h + c * 32 * N, acc[c]);
+    for (int r = 0; r < TAGGED_RB; ++r) {
+      if (j0 + r >= nr) break;
+      VecT<TX, N> raw[C];
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int u = 0; u < NW; ++u) {
+          reinterpret_cast<unsigned*>(&raw[c])[2 * u] = (unsigned)wv[r][c][u].x;
+          reinterpret_cast<unsigned*>(&raw[c])[2 * u + 1] = (unsigned)wv[r][c][u].y;
+        }
+      add_row_scaled<TX, N, C, false>(acc, raw, 1.0f);
+    }
   }
 }
 
@@ -654,21 +628,21 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     const bool staged = !NVL && p.tp > (self_q >= 0 ? 1 : 0);
     int h0, h1;
     slice_range(H, S, sl, 32 * N * C, h0, h1);
-    if constexpr (TAGGED) {  // no flag: the words carry their round
-      send_tagged_item<TY, TX, N, C>(p, sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, g, t, round);
-      __syncwarp();
-      continue;
-    }
     // The partial's elements [h, h + 32*N*C) of this lane's chunks, to every replica of group g.
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.
     TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
+    const long long tag_off = TAGGED ? comb_tagged_off(p, p.rank, t) : 0;
     auto emit = [&]<int CC>(int h, float (&acc)[CC][N]) {  // CC: the step's chunks (bulk_chunks with bulk loads)
 #pragma unroll
       for (int c = 0; c < CC; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
-          if constexpr (NVL) {
+          if constexpr (TAGGED) {
+#pragma unroll 1
+            for (int q = 0; q < p.tp; ++q)
+              store_tagged_n<TX, N>(p.peer[g * p.tp + q] + tag_off + 2LL * hh * sizeof(TX), acc[c], round);
+          } else if constexpr (NVL) {
             store_n<TX, N>(dst0 + hh, acc[c]);
 #pragma unroll 1
             for (int q = 1; q < p.tp; ++q) store_n<TX, N>(reinterpret_cast<TX*>(p.peer[g * p.tp + q] + dst_off) + hh, acc[c]);
@@ -698,7 +672,9 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     }
     __syncwarp();
     stamp_exit(ST_CSEND_SUMMED);
-    if constexpr (NVL) {
+    if constexpr (TAGGED) {
+      // No flag: the words carry their round.
+    } else if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
       // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,
       // which cost decode combine 128 tokens 28.4 -> 25.4 us, prefill 230 -> 222 us (round 13).
@@ -783,30 +759,20 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
-    if constexpr (TAGGED) {  // no flags: the words are polled as they are summed
+    // Every slice flag of every holding rank (the sender's slices need not match ours); tagged
+    // partials have none: their words are polled as they are summed.
+    if constexpr (!TAGGED) {
 #pragma unroll 1
-      for (int r = lane; r < p.W; r += 32)
-        if ((mask >> r) & 1)
-          sh_src[__popcll(mask & ((1ULL << r) - 1))] = reinterpret_cast<const TX*>(p.sym + comb_tagged_off(p, r, t));
-      __syncwarp();
-      int h0, h1;
-      slice_range(H, S, sl, 32 * N * C, h0, h1);
-      recv_tagged_item<TX, TO, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, __popcll(mask), h0, h1,
-                                     ra.out + (long long)t * H, round);
-      __syncwarp();
-      continue;
-    }
-    // Every slice flag of every holding rank (the sender's slices need not match ours).
-#pragma unroll 1
-    for (int q = lane; q < p.W * S; q += 32) {
-      const int r = q / S;
-      if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
+      for (int q = lane; q < p.W * S; q += 32) {
+        const int r = q / S;
+        if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
+      }
     }
 #pragma unroll 1
     for (int r = lane; r < p.W; r += 32)
       if ((mask >> r) & 1)
-        sh_src[__popcll(mask & ((1ULL << r) - 1))] =
-            reinterpret_cast<const TX*>(p.sym + p.off_comb + ((long long)r * M + t) * p.part_bytes);
+        sh_src[__popcll(mask & ((1ULL << r) - 1))] = reinterpret_cast<const TX*>(
+            p.sym + (TAGGED ? comb_tagged_off(p, r, t) : p.off_comb + ((long long)r * M + t) * p.part_bytes));
     __syncwarp();
     const int nr = __popcll(mask);
     int h0, h1;
@@ -816,7 +782,13 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
       for (int c = 0; c < CC; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     };
-    if (bulk && nr > 0) {
+    if constexpr (TAGGED) {
+      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+        float acc[C][N];
+        sum_tagged_rows<TX, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, nr, h, h1, round, acc);
+        store_out(h, acc);
+      }
+    } else if (bulk && nr > 0) {
       fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
       sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
     } else {

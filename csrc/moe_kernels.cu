@@ -203,8 +203,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->timeout_ns = c[i++];
   p->comb_items = c[i++];
   MOE_CHECK(p->comb_items >= 1, "create_ctx: combine items must be positive, got ", p->comb_items);
-  const long long ll_comb_tokens = c[i++];
-  MOE_CHECK(ll_comb_tokens >= 0, "create_ctx: the tagged combine's token count must be >= 0, got ", ll_comb_tokens);
+  p->ll_comb = c[i++] != 0;
   const bool send_stream = c[i++] != 0;
   p->sym = reinterpret_cast<char*>(c[i++]);
   p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];
@@ -280,14 +279,12 @@ int64_t create_ctx(std::vector<int64_t> c) {
                       p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
     p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? 1 : 0;
   }
-  // The combine's round-tagged partials (the TAGGED instances, round 49): nvlink arenas whose
-  // combine region has room for them after the plain partials (nvshmem_runtime.layout), of at
-  // most ll_comb_tokens tokens (nvshmem_runtime.ll_combine_tokens; 0 turns them off), rows of
-  // whole 16-byte vectors (H % 8 == 0: the N = 8 instances).
-  {
-    const bool room = p->off_stage_disp - p->off_comb >= 3LL * p->W * p->M * p->part_bytes;
-    p->ll_comb = p->nvl && room && p->H % 8 == 0 && p->M <= ll_comb_tokens ? 1 : 0;
-  }
+  // The combine's round-tagged partials (the TAGGED instances, round 49), as the layout chose
+  // them (nvshmem_runtime.tagged_partials): nvlink, rows of whole 16-byte vectors (H % 8 == 0, the
+  // N = 8 instances), their region after the plain partials.
+  MOE_CHECK(!p->ll_comb || (p->nvl && p->H % 8 == 0 &&
+                            p->off_stage_disp - p->off_comb >= 3LL * p->W * p->M * p->part_bytes),
+            "create_ctx: tagged combine partials need the nvlink transport, hidden % 8 == 0 and their region");
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
   {

@@ -164,9 +164,11 @@ def ll_combine_tokens() -> int:
 
 
 def tagged_partials(spec: CommSpec, transport: str) -> bool:
-    """Whether the arena's combine partials go as round-tagged words: nvlink arenas with room for
-    them of at most ll_combine_tokens() tokens (the kernels check the region's size, create_ctx)."""
-    return has_tagged_room(spec, transport) and spec.max_num_tokens <= ll_combine_tokens()
+    """Whether the arena's combine partials go as round-tagged words (the kernels' TAGGED
+    instances): nvlink arenas with room for them of at most ll_combine_tokens() tokens whose rows
+    are whole 16-byte vectors (hidden % 8 == 0)."""
+    return (has_tagged_room(spec, transport) and spec.max_num_tokens <= ll_combine_tokens()
+            and spec.hidden % 8 == 0)
 
 
 def combine_flags_per_rank(spec: CommSpec) -> int:
@@ -295,8 +297,7 @@ class Arena:
                  device: torch.device, sms: int, send_stream: bool = False):
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
-        self.layout = layout(spec, transport)
-        ll_combine = ll_combine_tokens()  # a bad value raises before the collective allocation
+        self.layout = layout(spec, transport)  # a bad LL_COMBINE raises here, before the collective allocation
         self.sym = int(o.sym_malloc(self.layout["symmetric_total"]))  # collective
         peers = [int(o.peer_ptr(self.sym, pe)) for pe in pes]
         if transport == "nvlink" and not all(peers):
@@ -319,7 +320,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_items(), ll_combine, int(send_stream),
+            int(timeout_s * 1e9), combine_items(), int(tagged_partials(spec, transport)), int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],
