@@ -57,6 +57,13 @@ static bool max_shared_carveout(K kernel, bool by_default = true) {
 // outputs; dispatch_recv joins (event `join`) and returns them. Safe because the waiting
 // kernels never fill the GPU (plan: <= one 256-thread block per SM, copy: one 512-thread block
 // per SM), so the never-waiting send kernel can always be scheduled next to them.
+// Blocks of the kernels whose items are one warp's each, fixed per arena (size_grids): the direct
+// receive and the fused dispatch (one item a warp, all at once), the two-kernel combine's send and
+// receive (grid-stride items).
+struct Grids {
+  int direct = 1, comb_send = 1, comb_recv = 1;
+};
+
 struct Ctx {
   Params p;
   bool overlap = false;
@@ -100,6 +107,7 @@ struct Ctx {
                                // receive would overlap the send (round 36; off by default)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
+  Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
 };
 
 // The combine receive runs concurrently with the send only for arenas of at most this many
@@ -155,6 +163,23 @@ static double dense_fraction(int E, int L, int topk) {
   double none = 1.0;
   for (int i = 0; i < topk && none > 0.0; ++i) none *= std::max(0.0, (double)(E - L - i) / (double)(E - i));
   return 1.0 - none;
+}
+
+// The latency kernels' blocks (round 50): one per item of the largest call, while SMs last, so a
+// call's items sit one a block (a kernel takes item i on warp i / grid of some block), each on its
+// own SM, whatever the arena's size. Sized by the arena's tokens (=0, before round 50), a 1-token
+// arena's direct receive had one block (G*M*P / NWARPS: a token's 14 pieces on one SM) and its
+// combine send and receive one each (a token's 14 slices on one SM, 4 warps of it in the receive
+// beside the send), 2-5 us slower than the same call in a 128-token arena (round 49).
+static Grids size_grids(const Params& p, bool per_item) {
+  const long long pieces = (long long)p.G * p.M * p.copy_pieces;
+  const long long slices = (long long)p.M * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);  // call_slices' cap
+  auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
+  Grids g;
+  g.direct = per_item ? on_sms(pieces) : (int)((pieces + NWARPS - 1) / NWARPS);  // direct_recv_fits: <= num_sms
+  g.comb_send = on_sms(per_item ? p.G * slices : (long long)p.G * p.M);
+  g.comb_recv = on_sms(per_item ? slices : p.M);
+  return g;
 }
 
 // Direct receive (round 16): nvlink, or put with the round-tagged table (round 26); the table fits one portion (written by
@@ -353,6 +378,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   }
   // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
+  // Round 50: grids by the largest call's items (size_grids); =0 by the arena's tokens.
+  cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true));
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=1). Off by default: at world size 1 it took 9.5 / 11.1 / 17.0 us at 1 / 32 / 128 tokens
   // against 9.4 / 11.0 / 16.9 with the side stream; it saves the fork and join's host calls.
@@ -513,14 +540,11 @@ static DirectOut direct_out(const std::vector<at::Tensor>& o) {
           o[2].numel() ? o[2].data_ptr<float>() : nullptr, o[3].data_ptr<int64_t>(), o[4].data_ptr<int64_t>(),
           o[5].data_ptr<int>(), o[6].data_ptr<int>(), o[7].data_ptr<int>()};
 }
-// Blocks of the direct receive (and of the fused dispatch): one warp per item.
-static int direct_blocks_of(const Params& p) {
-  return (int)(((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS);
-}
 
-static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::TensorOptions& dev, int64_t in_dtype_code,
+static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::TensorOptions& dev, int64_t in_dtype_code,
                                                     bool weighted, const at::Tensor& x, const at::Tensor& xs,
                                                     cudaStream_t stream) {
+  const Params& p = cx.p;
   std::vector<at::Tensor> out = alloc_recv_outputs(p, dev, in_dtype_code, weighted);
   const at::Tensor &tokens = out[0], &scales = out[1], &weights = out[2], &tpe = out[3], &offs = out[4], &sg = out[5],
                    &st = out[6], &sk = out[7];
@@ -534,7 +558,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Params& p, const at::T
     auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
                    : p.ll_table ? dispatch_direct_kernel<true>
                                 : dispatch_direct_kernel<false>;
-    kernel<<<direct_blocks_of(p), NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
+    kernel<<<cx.grids.direct, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
                                                                                    (int)x.size(0));
     CUDA_OK(cudaGetLastError());
     return out;
@@ -754,7 +778,7 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   if (overlap) {
     // Receive side on the side stream, concurrent with the send (see Ctx).
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
-    cx.stash = launch_dispatch_recv(p, x.options(), code, w.has_value(), x, cx.keep_s, cx.side);
+    cx.stash = launch_dispatch_recv(cx, x.options(), code, w.has_value(), x, cx.keep_s, cx.side);
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.stashed = true;
   }
@@ -781,7 +805,7 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   at::Tensor x = std::move(cx.keep_x), xs = std::move(cx.keep_s);
   cx.keep_x = at::Tensor();
   cx.keep_s = at::Tensor();
-  return launch_dispatch_recv(cx.p, dep.options(), in_dtype_code, weighted, x, xs, stream);
+  return launch_dispatch_recv(cx, dep.options(), in_dtype_code, weighted, x, xs, stream);
 }
 
 // A whole dispatch (the Communicator's `dispatch`, no work between send and receive): with the
@@ -831,7 +855,7 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
                                  : lean ? dispatch_fused_kernel<true, true, false, true>
                                         : dispatch_fused_kernel<true, true>)
                               : (lean ? dispatch_fused_kernel<true, false, false, true> : dispatch_fused_kernel<true, false>);
-  kernel<<<direct_blocks_of(p), NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
+  kernel<<<cx.grids.direct, NTHREADS, smem, stream>>>(ps, send_in(x, ids, w, scale, ntok, n_host), direct_out(out));
   CUDA_OK(cudaGetLastError());
   return out;
 }
@@ -870,8 +894,8 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
 // as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
 // blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
-static int launch_combine_send_n(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
-  const int blocks = std::max(1, std::min(p.num_sms, p.G * p.M));
+static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
+                                 cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
   if constexpr (NVL && TAGGED_VEC<TX, N>) {
     if (!rs && p.ll_comb)
@@ -890,15 +914,17 @@ static int launch_combine_send_n(const Params& p, const void* y, const float* w,
 }
 
 template <bool NVL, typename TY, typename TX>
-static int launch_combine_send(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, y, w, rs, s)
-                      : launch_combine_send_n<NVL, TY, TX, 1>(p, y, w, rs, s);
+static int launch_combine_send(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
+                               cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, blocks, y, w, rs, s)
+                      : launch_combine_send_n<NVL, TY, TX, 1>(p, blocks, y, w, rs, s);
 }
 
 template <bool NVL, typename TY>
-static int launch_combine_send_x(const Params& p, const void* y, const float* w, const RecvArgs<void>* rs, cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, y, w, rs, s);
-  return launch_combine_send<NVL, TY, TY>(p, y, w, rs, s);
+static int launch_combine_send_x(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
+                                 cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, blocks, y, w, rs, s);
+  return launch_combine_send<NVL, TY, TY>(p, blocks, y, w, rs, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -911,11 +937,11 @@ constexpr int COMB_OVERLAP_THREADS = 128;
 // pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
 // once every send block has started, as the overlapped receive does on the side stream.
 template <typename TX, typename TO, int N, bool TAGGED = false>
-static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int send_regs, bool pdl, cudaStream_t s) {
+static bool launch_combine_recv_n(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
+                                  cudaStream_t s) {
   if constexpr (!TAGGED && TAGGED_VEC<TX, N>) {
-    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, true>(p, ra, send_regs, pdl, s);
+    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, true>(p, blocks, ra, send_regs, pdl, s);
   }
-  const int blocks = std::max(1, std::min(p.num_sms, p.M));
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);
   if (send_regs && send_regs + regs > 65536) return false;
@@ -924,9 +950,10 @@ static bool launch_combine_recv_n(const Params& p, const RecvArgs<void>& ra, int
   return true;
 }
 template <typename TX, typename TO>
-static bool launch_combine_recv(const Params& p, const RecvArgs<void>& ra, int send_regs, bool pdl, cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, ra, send_regs, pdl, s)
-                      : launch_combine_recv_n<TX, TO, 1>(p, ra, send_regs, pdl, s);
+static bool launch_combine_recv(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
+                                cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, blocks, ra, send_regs, pdl, s)
+                      : launch_combine_recv_n<TX, TO, 1>(p, blocks, ra, send_regs, pdl, s);
 }
 
 // The receive's arguments from the op's tensors.
@@ -935,19 +962,21 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
   return {ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out.size(0), out.data_ptr()};
 }
 
-static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
+static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
                                     bool pdl = false) {
+  const Params& p = cx.p;
+  const int b = cx.grids.comb_recv;
   bool launched;
   switch (p.out_code) {
     case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, ra, send_regs, pdl, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, b, ra, send_regs, pdl, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, b, ra, send_regs, pdl, s);
       break;
     case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__half, __half>(p, ra, send_regs, pdl, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, b, ra, send_regs, pdl, s)
+                                  : launch_combine_recv<__half, __half>(p, b, ra, send_regs, pdl, s);
       break;
-    default: launched = launch_combine_recv<float, float>(p, ra, send_regs, pdl, s); break;
+    default: launched = launch_combine_recv<float, float>(p, b, ra, send_regs, pdl, s); break;
   }
   CUDA_OK(cudaGetLastError());
   return launched;
@@ -955,14 +984,16 @@ static bool launch_combine_recv_any(const Params& p, const RecvArgs<void>& ra, i
 
 // The combine send of the arena's transport and dtypes (fused with the receive when `rs` is
 // given); returns the registers one of its blocks takes.
-static int launch_combine_send_any(const Params& p, const void* yp, const float* wp, const RecvArgs<void>* rs,
+static int launch_combine_send_any(const Ctx& cx, const void* yp, const float* wp, const RecvArgs<void>* rs,
                                    cudaStream_t ks) {
+  const Params& p = cx.p;
+  const int b = cx.grids.comb_send;
   int send_regs = 0;
 #define CS(NVL)                                                                               \
   switch (p.out_code) {                                                                       \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, yp, wp, rs, ks); break;  \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, yp, wp, rs, ks); break;         \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, yp, wp, rs, ks); break;    \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, b, yp, wp, rs, ks); break;  \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, b, yp, wp, rs, ks); break;         \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, b, yp, wp, rs, ks); break;    \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS
@@ -993,12 +1024,12 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     ks = cx.side;
   }
-  const int send_regs = launch_combine_send_any(p, yp, wp, fused ? &ra : nullptr, ks);
+  const int send_regs = launch_combine_send_any(cx, yp, wp, fused ? &ra : nullptr, ks);
   at::Tensor dep_out = at::empty({0}, y.options().dtype(at::kInt));
   if (overlap) {
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     // Would it not fit beside the send, combine_recv runs it.
-    if (!launch_combine_recv_any(p, ra, send_regs, cx.side)) return dep_out;
+    if (!launch_combine_recv_any(cx, ra, send_regs, cx.side)) return dep_out;
   }
   if (fused || overlap) {
     // The receive runs on the side stream: its inputs (and a fused send's y / weights) are
@@ -1027,7 +1058,7 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
     cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();  // joined: reuse is ordered after
     return;
   }
-  launch_combine_recv_any(cx.p, recv_args(ids, ntok, n_host, out), 0, s);
+  launch_combine_recv_any(cx, recv_args(ids, ntok, n_host, out), 0, s);
 }
 
 // A whole combine (the Communicator's `combine`, nothing between send and receive): where the
@@ -1047,9 +1078,9 @@ void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, cons
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   MOE_CHECK(!cx.comb_out.defined(), "combine_whole: a combine_send is pending (call combine_recv first)");
   const RecvArgs<void> ra = recv_args(ids, ntok, n_host, out);
-  const int send_regs = launch_combine_send_any(cx.p, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, s);
+  const int send_regs = launch_combine_send_any(cx, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, s);
   // Would it not fit beside the send, the receive runs alone after it.
-  if (!launch_combine_recv_any(cx.p, ra, send_regs, s, true)) launch_combine_recv_any(cx.p, ra, 0, s);
+  if (!launch_combine_recv_any(cx, ra, send_regs, s, true)) launch_combine_recv_any(cx, ra, 0, s);
 }
 
 // NVSHMEM host helpers ------------------------------------------------------------------

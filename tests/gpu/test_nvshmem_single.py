@@ -105,6 +105,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "tagged-partials": every nvlink arena with room for them (the small ones) sends its combine
 # partials in round-tagged words that the receive polls, no flag (LL_COMBINE; by default arenas of
 # at most 32 tokens); "untagged-partials": none does; "mixed-partials": arenas of at most 20 tokens do.
+# "token-grids": the direct receive's and the combine's grids sized by the arena's tokens (ITEM_GRIDS=0,
+# before round 50; by default by the largest call's items, one a block while SMs last).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
@@ -125,6 +127,8 @@ VARIANTS = {
     "tagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"},
     "untagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
     "mixed-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20"},
+    "token-grids": {"MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
+    "token-grids-self-send": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
 }
 
 
@@ -207,6 +211,64 @@ def test_self_send_goes_through_the_slots(self_send: bool) -> None:
     both transports, in a direct-receive arena and a plan-and-copy one; without it the own
     tokens never touch the slots (the receive reads x)."""
     launch.spawn(_self_send_worker, 1, SEED, self_send, dist_backend="nccl", timeout=120)
+
+
+def _launched_grids(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
+    """The blocks of each latency kernel one dispatch and one combine launched, by the profiler's trace."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        result = comm.dispatch(x, ids)
+        comm.combine(result.tokens, result.handle)
+        torch.cuda.synchronize(x.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    grids: dict[str, int] = {}
+    for event in events:
+        for kernel in ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel"):
+            if event.get("cat") == "kernel" and kernel in event.get("name", ""):
+                grids[kernel] = event["args"]["grid"][0]
+    return grids
+
+
+def _grids_worker(seed: int, per_item: bool) -> None:
+    os.environ["MOE_BACKEND_NVSHMEM_ITEM_GRIDS"] = "1" if per_item else "0"  # read when an arena is created
+    device = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    hidden = 2048  # bf16 rows of 4096 bytes: 8 pieces of 512 bytes; combine slices of 512 elements: 4
+    for tokens in (1, 32):
+        spec = CommSpec(num_experts=16, topk=4, hidden=hidden, max_num_tokens=tokens, world_size=1)
+        comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True)
+        try:
+            gen = torch.Generator().manual_seed(seed + tokens)
+            ids = torch.rand(tokens, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32).to(device)
+            x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
+            first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
+            comm.combine(first.tokens, first.handle)
+            got = _launched_grids(comm, x, ids)
+            pieces, slices = tokens * 8, tokens * 4
+            if per_item:  # one block per item of the largest call, while SMs last
+                want = {"dispatch_fused_kernel": min(sms, pieces), "combine_send_kernel": min(sms, slices),
+                        "combine_recv_kernel": min(sms, slices)}
+            else:  # by the arena's tokens: a warp per piece, a block per token
+                want = {"dispatch_fused_kernel": -(-pieces // 16), "combine_send_kernel": min(sms, tokens),
+                        "combine_recv_kernel": min(sms, tokens)}
+            assert got == want, f"[{tokens}-token arena, ITEM_GRIDS={int(per_item)}] grids {got}, want {want}"
+        finally:
+            comm.close()
+
+
+@pytest.mark.parametrize("per_item", [True, False])
+def test_grids_follow_the_largest_call(per_item: bool) -> None:
+    """The direct receive and the combine launch a block per item of the arena's largest call
+    while SMs last (round 50): a 1-token arena's 8 pieces on 8 blocks, its 4 combine slices on 4;
+    with ITEM_GRIDS=0, as many as the arena's tokens fill (one block each at 1 token)."""
+    launch.spawn(_grids_worker, 1, SEED, per_item, dist_backend="nccl", timeout=120)
 
 
 def test_contract_tasks_on_one_gpu() -> None:
