@@ -176,7 +176,9 @@ static Grids size_grids(const Params& p, bool per_item) {
   const long long slices = (long long)p.M * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);  // call_slices' cap
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
   Grids g;
-  g.direct = per_item ? on_sms(pieces) : (int)((pieces + NWARPS - 1) / NWARPS);  // direct_recv_fits: <= num_sms
+  // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
+  // (i + tb) % grid), so with tb more blocks no item of the largest call waits behind the table's write.
+  g.direct = per_item ? on_sms(pieces + p.direct_blocks) : (int)((pieces + NWARPS - 1) / NWARPS);
   g.comb_send = on_sms(per_item ? p.G * slices : (long long)p.G * p.M);
   g.comb_recv = on_sms(per_item ? slices : p.M);
   return g;
