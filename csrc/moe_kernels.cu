@@ -216,7 +216,7 @@ static void free_ctx(Ctx* cx) {
 }
 
 int64_t create_ctx(std::vector<int64_t> c) {
-  MOE_CHECK(c.size() >= 38, "create_ctx: short config");
+  MOE_CHECK(c.size() >= 39, "create_ctx: short config");
   // Freed with what it holds if a check below throws; handed to the caller at the end.
   std::unique_ptr<Ctx, void (*)(Ctx*)> owner(new Ctx(), free_ctx);
   Ctx* cx = owner.get();
@@ -231,6 +231,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->comb_items = c[i++];
   MOE_CHECK(p->comb_items >= 1, "create_ctx: combine items must be positive, got ", p->comb_items);
   p->ll_comb = c[i++] != 0;
+  const bool rows_tagged = c[i++] != 0;  // the layout's choice (nvshmem_runtime.tagged_rows)
   const bool send_stream = c[i++] != 0;
   p->sym = reinterpret_cast<char*>(c[i++]);
   p->off_sig = c[i++]; p->off_tables = c[i++]; p->off_disp = c[i++]; p->off_comb = c[i++];
@@ -299,12 +300,17 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->finish_block0 = env_switch("MOE_BACKEND_NVSHMEM_FINISH_BLOCK0", true) ? 1 : 0;
   p->ll_table = p->direct && ll_on ? 1 : 0;
   // Round 38: with the tagged table on nvlink, the rows too in round-tagged words (twice the
-  // bytes, no token flag to release or wait for), where the arena's slots have the room
-  // (nvshmem_runtime.row_sizes) and rows and scales are 16-byte vectors (scales <= 512 B).
+  // bytes, no token flag to release or wait for), where the layout chose them (since round 51 by
+  // default arenas of at most 32 tokens: nvshmem_runtime.tagged_rows, LL_ROWS) and rows and scales
+  // are 16-byte vectors (scales <= 512 B) that the slots hold twice. Only where rows cross (a rank
+  // outside the own group, or SELF_SEND): with none (world size 1, or tp = W) no row is sent, and
+  // the ROWS instance cost the own rows' path 0.2-0.3 us (round 51, world size 1).
   {
     const bool fits = p->row_bytes % 16 == 0 && p->scale_bytes % 16 == 0 && p->scale_bytes <= 512 &&
                       p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
-    p->ll_rows = p->ll_table && p->nvl && fits && env_switch("MOE_BACKEND_NVSHMEM_LL_ROWS", false, true) ? 1 : 0;
+    const unsigned long long all = p->W >= 64 ? ~0ULL : (1ULL << p->W) - 1ULL;
+    const bool crossing = (all & ~p->own_ranks) != 0;
+    p->ll_rows = rows_tagged && crossing && p->ll_table && p->nvl && fits ? 1 : 0;
   }
   // The combine's round-tagged partials (the TAGGED instances, round 49), as the layout chose
   // them (nvshmem_runtime.tagged_partials): nvlink, rows of whole 16-byte vectors (H % 8 == 0, the
@@ -838,21 +844,25 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
                     dispatch_fused_kernel<false, true>, dispatch_fused_kernel<true, true, true>,
                     dispatch_fused_kernel<true, true, false, true>, dispatch_fused_kernel<true, false, false, true>,
                     dispatch_fused_kernel<false, true, false, true>, dispatch_fused_kernel<true, true, false, true, true>,
-                    dispatch_fused_kernel<false, true, false, true, true>}) {
+                    dispatch_fused_kernel<false, true, false, true, true>, dispatch_fused_kernel<true, true, true, true>,
+                    dispatch_fused_kernel<true, true, true, true, true>}) {
       max_shared_carveout(k);
       CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)DIRECT_MAX_SMEM));
     }
     return true;
   }();
   (void)ready;
-  // The lean instances where every switch they fix is at its default (tagged rows have none);
-  // with the tagged table, the small ones where every token's ids fit one a thread.
+  // The lean instances where every switch they fix is at its default (tagged rows too since
+  // round 51, when small arenas took them by default); with the tagged table, the small ones where
+  // every token's ids fit one a thread.
   const bool lean = p.lean_fused != 0;
   const bool small = lean && p.small_fused && p.ll_table && x.size(0) * (int64_t)p.topk <= NTHREADS;
   auto* kernel = !p.nvl      ? (small  ? dispatch_fused_kernel<false, true, false, true, true>
                                 : lean ? dispatch_fused_kernel<false, true, false, true>
                                        : dispatch_fused_kernel<false, true>)
-                 : p.ll_rows  ? dispatch_fused_kernel<true, true, true>
+                 : p.ll_rows  ? (small  ? dispatch_fused_kernel<true, true, true, true, true>
+                                 : lean ? dispatch_fused_kernel<true, true, true, true>
+                                        : dispatch_fused_kernel<true, true, true>)
                  : p.ll_table ? (small  ? dispatch_fused_kernel<true, true, false, true, true>
                                  : lean ? dispatch_fused_kernel<true, true, false, true>
                                         : dispatch_fused_kernel<true, true>)
@@ -1010,7 +1020,6 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {
   Ctx& cx = CX(ctx);
-  const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(y.device());
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   const bool has_recv = ids.has_value() && out.has_value();

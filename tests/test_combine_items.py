@@ -11,6 +11,8 @@ from moe_backend.backends.nvshmem_runtime import (
     combine_items,
     layout,
     ll_combine_tokens,
+    ll_rows_tokens,
+    tagged_rows,
 )
 from moe_backend.spec import CommSpec
 
@@ -47,6 +49,25 @@ def test_tagged_partials_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", bad)
         with pytest.raises(ValueError, match="LL_COMBINE must be a token count"):
             ll_combine_tokens()
+
+
+def test_tagged_rows_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arenas of at most LL_ROWS tokens may send round-tagged rows (default 32, 0: none; nvlink
+    arenas with the room only); anything but a token count is refused, on any transport."""
+    monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_ROWS", raising=False)
+    assert ll_rows_tokens() == 32
+    one, small, decode, prefill = (CommSpec(256, 8, 7168, m, 2) for m in (1, 32, 128, 4096))
+    assert tagged_rows(one, "nvlink") and tagged_rows(small, "nvlink")
+    assert not tagged_rows(decode, "nvlink") and not tagged_rows(prefill, "nvlink") and not tagged_rows(one, "put")
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_ROWS", "0")
+    assert not tagged_rows(one, "nvlink")
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_ROWS", "4096")
+    assert tagged_rows(decode, "nvlink") and not tagged_rows(prefill, "nvlink")  # no room for them there
+    for bad in ("-1", "yes", "1.5", "9999999999"):
+        monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_ROWS", bad)
+        for transport in ("nvlink", "put"):
+            with pytest.raises(ValueError, match="LL_ROWS must be a token count"):
+                tagged_rows(one, transport)
 
 
 def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -150,17 +150,33 @@ def combine_items() -> int:
 # only: at EP2 a 128-token call's partials would take ~5 us more of it, a 32-token call's ~1.3.
 # MOE_BACKEND_NVSHMEM_LL_COMBINE=k overrides it (0 turns it off; every rank must agree).
 _LL_COMBINE_TOKENS = 32
+# The same for the dispatch's rows (round 38's LL_ROWS: the kernels' ROWS instances, no token flag),
+# by default since round 51 in arenas of at most this many tokens (twice a row's bytes over the link:
+# at EP2 a 32-token call's rows take ~0.6 us more of it, a 128-token call's ~2.4);
+# MOE_BACKEND_NVSHMEM_LL_ROWS=k overrides it (0 turns it off; every rank must agree).
+_LL_ROWS_TOKENS = 32
+
+
+def _token_count(name: str, default: int) -> int:
+    """A token count from the environment variable `name` (digits; 0 turns its feature off)."""
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    if not raw.isdigit() or len(raw) > 9:
+        raise ValueError(f"{name} must be a token count (0 turns it off), got {raw!r}")
+    return int(raw)
 
 
 def ll_combine_tokens() -> int:
     """The largest arena (max_num_tokens) whose combine partials go as round-tagged words
     (MOE_BACKEND_NVSHMEM_LL_COMBINE, default 32; 0: none)."""
-    raw = os.environ.get("MOE_BACKEND_NVSHMEM_LL_COMBINE", "")
-    if not raw:
-        return _LL_COMBINE_TOKENS
-    if not raw.isdigit() or len(raw) > 9:
-        raise ValueError(f"MOE_BACKEND_NVSHMEM_LL_COMBINE must be a token count (0 turns it off), got {raw!r}")
-    return int(raw)
+    return _token_count("MOE_BACKEND_NVSHMEM_LL_COMBINE", _LL_COMBINE_TOKENS)
+
+
+def ll_rows_tokens() -> int:
+    """The largest arena (max_num_tokens) whose dispatch rows go as round-tagged words
+    (MOE_BACKEND_NVSHMEM_LL_ROWS, default 32; 0: none)."""
+    return _token_count("MOE_BACKEND_NVSHMEM_LL_ROWS", _LL_ROWS_TOKENS)
 
 
 def tagged_partials(spec: CommSpec, transport: str) -> bool:
@@ -169,6 +185,14 @@ def tagged_partials(spec: CommSpec, transport: str) -> bool:
     are whole 16-byte vectors (hidden % 8 == 0)."""
     return (has_tagged_room(spec, transport) and spec.max_num_tokens <= ll_combine_tokens()
             and spec.hidden % 8 == 0)
+
+
+def tagged_rows(spec: CommSpec, transport: str) -> bool:
+    """Whether the arena may send its dispatch rows as round-tagged words (the kernels' ROWS
+    instances, which also need the tagged table and rows and scales of whole 16-byte vectors):
+    nvlink arenas with room for them (their slots are twice a row) of at most ll_rows_tokens() tokens."""
+    limit = ll_rows_tokens()  # read (and a bad value refused) on every transport
+    return has_tagged_room(spec, transport) and spec.max_num_tokens <= limit
 
 
 def combine_flags_per_rank(spec: CommSpec) -> int:
@@ -298,6 +322,7 @@ class Arena:
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)  # a bad LL_COMBINE raises here, before the collective allocation
+        rows_tagged = tagged_rows(spec, transport)  # a bad LL_ROWS too
         self.sym = int(o.sym_malloc(self.layout["symmetric_total"]))  # collective
         peers = [int(o.peer_ptr(self.sym, pe)) for pe in pes]
         if transport == "nvlink" and not all(peers):
@@ -320,7 +345,8 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_items(), int(tagged_partials(spec, transport)), int(send_stream),
+            int(timeout_s * 1e9), combine_items(), int(tagged_partials(spec, transport)),
+            int(rows_tagged), int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],
             lay["off_stage_disp"], lay["off_stage_table"], lay["off_stage_comb"],

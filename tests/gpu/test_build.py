@@ -78,8 +78,8 @@ def test_create_ctx_rejects_a_signal_region_too_small():
     flags = 2 + 1 + 16 + max(16, 1024)  # arrive + barrier, table, tokens, partials (M = 16, 1024 items)
     cfg = [1, 1, 1, 0, 8, 8, 2, 64, 16,  # W G tp rank E L topk H M
            128, 0, 128, 4096, 128, 0, 0,  # row, scale, slot, table, part bytes; out and transfer dtypes
-           32, 1, 1, 1, 10**9, 1024, 0, 0,  # chunk, chunks, SMs, nvl, timeout ns, combine items,
-           # tagged partials, send stream
+           32, 1, 1, 1, 10**9, 1024, 0, 0, 0,  # chunk, chunks, SMs, nvl, timeout ns, combine items,
+           # tagged partials, tagged rows, send stream
            0, 0, 8 * flags - 8, 1 << 20, 2 << 20, 0, 0, 0,  # sym, offsets: signals one flag short
            0, 0, 0, 0,  # state, cnt, rowmap, err
            0, 0]  # pes, peers

@@ -181,10 +181,12 @@ def test_contract_suite_split_dispatch():
 
 
 def test_contract_suite_tagged_rows():
-    """The rows in round-tagged words that the receive polls, no token flag (LL_ROWS=1, round 38,
-    nvlink's direct receive only), fused and split: the same results, rounds and replays."""
-    for env in ({"MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
-                {"MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"}):
+    """The rows in round-tagged words that the receive polls, no token flag (round 38, nvlink's
+    direct receive only), fused and split, in every arena with room for them (LL_ROWS=4096), and
+    in arenas of at most 20 tokens (the others flagged): the same results, rounds and replays."""
+    for env in ({"MOE_BACKEND_NVSHMEM_LL_ROWS": "4096"},
+                {"MOE_BACKEND_NVSHMEM_LL_ROWS": "4096", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+                {"MOE_BACKEND_NVSHMEM_LL_ROWS": "20"}):
         _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 

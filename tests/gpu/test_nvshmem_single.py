@@ -97,7 +97,9 @@ def _overlap_env(on: str) -> dict[str, str]:
 # (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
 # untagged table, two kernels and register copies, and with the copy-engine send.
 # "tagged-rows*": with SELF_SEND, the rows in round-tagged words the receive polls, no token flag
-# (LL_ROWS=1, round 38; nvlink's direct receive), fused and split.
+# (round 38; nvlink's direct receive), fused and split, in every arena with room for them
+# (LL_ROWS=4096; by default since round 51 arenas of at most 32 tokens); "self-send-untagged-rows":
+# in none (LL_ROWS=0).
 # "general-fused": the fused dispatch's general instance at the defaults (LEAN_FUSED=0; by
 # default, round 42, the lean instance with the switches fixed at compile time serves there).
 # "lean-not-small": the lean instance for every call (SMALL_FUSED=0; by default, round 43, calls
@@ -120,8 +122,10 @@ VARIANTS = {
     "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
                                            for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
     "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
-    "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1"},
-    "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "1", "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+    "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "4096"},
+    "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "4096",
+                          "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
+    "self-send-untagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "0"},
     "general-fused": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LEAN_FUSED": "0"},
     "lean-not-small": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_SMALL_FUSED": "0"},
     "tagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"},
@@ -174,8 +178,9 @@ def _arena_words(arena: rt.Arena, offset: int, count: int, typestr: str) -> torc
     return torch.as_tensor(_DeviceMemory(arena.sym + offset, count, typestr), device=arena.device).clone()
 
 
-def _self_send_worker(seed: int, self_send: bool) -> None:
+def _self_send_worker(seed: int, self_send: bool, ll_rows: str) -> None:
     os.environ["MOE_BACKEND_NVSHMEM_SELF_SEND"] = "1" if self_send else "0"  # read when an arena is created
+    os.environ["MOE_BACKEND_NVSHMEM_LL_ROWS"] = ll_rows
     device = torch.device("cuda", 0)
     for transport in ("nvlink", "put"):
         for tokens in (24, 2048):  # the direct receive's arena, the plan and copy's
@@ -193,9 +198,16 @@ def _self_send_worker(seed: int, self_send: bool) -> None:
                 first_flag = arena.layout["off_signals"] + 8 * (spec.world_size + spec.num_groups)
                 flags = _arena_words(arena, first_flag, tokens, "<i8")
                 slots = _arena_words(arena, arena.layout["off_dispatch"], tokens * sizes["slot_bytes"], "|u1")
-                rows = slots.view(tokens, sizes["slot_bytes"])[:n, : sizes["row_bytes"]]
-                where = f"[{transport}, {tokens} tokens, SELF_SEND={int(self_send)}]"
-                if self_send:
+                slots = slots.view(tokens, sizes["slot_bytes"])[:n]
+                rows = slots[:, : sizes["row_bytes"]]
+                where = f"[{transport}, {tokens} tokens, SELF_SEND={int(self_send)}, LL_ROWS={ll_rows}]"
+                if self_send and rt.tagged_rows(spec, transport):
+                    # Round-tagged words, no flag: each 8-byte word a 4-byte piece of the row, then round 1.
+                    words = slots[:, : 2 * sizes["row_bytes"]].contiguous().view(torch.int32).view(n, -1, 2)
+                    assert flags.eq(0).all(), f"{where} tagged rows raised token flags {flags.tolist()}"
+                    assert words[:, :, 1].eq(1).all(), f"{where} the words do not carry round 1"
+                    assert torch.equal(words[:, :, 0], x.view(torch.int32)), f"{where} the words do not hold x's rows"
+                elif self_send:
                     assert flags[:n].eq(1).all() and flags[n:].eq(0).all(), f"{where} token flags {flags.tolist()}"
                     assert torch.equal(rows, x.view(torch.uint8)), f"{where} the slots do not hold x's rows"
                 else:
@@ -205,12 +217,13 @@ def _self_send_worker(seed: int, self_send: bool) -> None:
                 comm.close()
 
 
-@pytest.mark.parametrize("self_send", [True, False])
-def test_self_send_goes_through_the_slots(self_send: bool) -> None:
+@pytest.mark.parametrize(("self_send", "ll_rows"), [(True, "32"), (True, "0"), (False, "32")])
+def test_self_send_goes_through_the_slots(self_send: bool, ll_rows: str) -> None:
     """SELF_SEND=1 puts the own tokens' rows into the slots and raises their flags (round 1), on
-    both transports, in a direct-receive arena and a plan-and-copy one; without it the own
-    tokens never touch the slots (the receive reads x)."""
-    launch.spawn(_self_send_worker, 1, SEED, self_send, dist_backend="nccl", timeout=120)
+    both transports, in a direct-receive arena and a plan-and-copy one; in the small nvlink arena
+    (at most LL_ROWS tokens, the default 32) as round-tagged words with no flag (round 51); without
+    SELF_SEND the own tokens never touch the slots (the receive reads x)."""
+    launch.spawn(_self_send_worker, 1, SEED, self_send, ll_rows, dist_backend="nccl", timeout=120)
 
 
 def _launched_grids(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
