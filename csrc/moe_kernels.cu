@@ -240,7 +240,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->cnt = reinterpret_cast<int*>(c[i++]);
   p->rowmap = reinterpret_cast<int*>(c[i++]);
   p->err_host = reinterpret_cast<int*>(c[i++]);
-  MOE_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length");
+  MOE_CHECK(p->W <= MAXW && (int)c.size() == i + 2 * p->W, "create_ctx: bad config length (", c.size(),
+            " entries for ", p->W, " ranks, want ", i + 2 * p->W,
+            "): the extension and nvshmem_runtime.py come from different trees");
   for (int r = 0; r < p->W; ++r) p->pe[r] = c[i++];
   for (int r = 0; r < p->W; ++r) p->peer[r] = reinterpret_cast<char*>(c[i++]);
   p->group = p->rank / p->tp;

@@ -44,13 +44,15 @@ for variant in "$@"; do
   fi
   env "${env[@]}" "$PYTHON" -m moe_backend.cli bench --config "$bench_preset" --backend nvshmem ${AB_BENCH_ARGS:-} \
     --out "$out/$name.json" > "$out/$name.log" 2>&1
-  "$PYTHON" - "$out/$name.json" "$variant" >> "$out/ab.txt" <<'PY'
-import json, sys
-path, variant = sys.argv[1:]
+  "$PYTHON" - "$out/$name.json" "$variant" "$out/$name.log" >> "$out/ab.txt" <<'PY'
+import json, re, sys
+path, variant, log = sys.argv[1:]
 try:
     rows = json.load(open(path))["results"][0]["rows"]
 except (OSError, KeyError, IndexError, ValueError) as err:
-    print(f"{variant}: no result ({err})")
+    # The run's own last error says why (e.g. a carried build from a tree with another config vector).
+    errors = [line.strip() for line in open(log, errors="replace") if re.match(r"\w+(Error|Exception): ", line.strip())]
+    print(f"{variant}: no result ({errors[-1] if errors else err}; see {log.rsplit('/', 1)[-1]})")
     sys.exit()
 for r in rows:
     ph = r["phases"]

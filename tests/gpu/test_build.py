@@ -68,24 +68,44 @@ def test_extension_errors_raise_with_their_numbers():
             torch.ops.moe_backend.timeline_stamps(1)
 
 
-def test_create_ctx_rejects_a_signal_region_too_small():
-    """An arena whose signal region cannot hold every flag the kernels index (W ranks' partial
-    flags included) is refused before anything is allocated, naming the sizes."""
+def _one_rank_config(signal_bytes: int) -> list[int]:
+    """create_ctx's config vector for a one-rank arena (M = 16, 1024 combine items) whose signal
+    region holds `signal_bytes`."""
+    return [1, 1, 1, 0, 8, 8, 2, 64, 16,  # W G tp rank E L topk H M
+            128, 0, 128, 4096, 128, 0, 0,  # row, scale, slot, table, part bytes; out and transfer dtypes
+            32, 1, 1, 1, 10**9, 1024, 0, 0, 0,  # chunk, chunks, SMs, nvl, timeout ns, combine items,
+            # tagged partials, tagged rows, send stream
+            0, 0, signal_bytes, 1 << 20, 2 << 20, 0, 0, 0,  # sym, offsets (signals, tables, ...)
+            0, 0, 0, 0,  # state, cnt, rowmap, err
+            0, 0]  # pes, peers
+
+
+def _create_ctx_or_skip():
     try:
         import moe_backend._C  # noqa: F401
     except ImportError as err:
         pytest.skip(f"extension not loadable here: {err}")
+    return torch.ops.moe_backend.create_ctx
+
+
+def test_create_ctx_rejects_a_signal_region_too_small():
+    """An arena whose signal region cannot hold every flag the kernels index (W ranks' partial
+    flags included) is refused before anything is allocated, naming the sizes."""
+    create_ctx = _create_ctx_or_skip()
     flags = 2 + 1 + 16 + max(16, 1024)  # arrive + barrier, table, tokens, partials (M = 16, 1024 items)
-    cfg = [1, 1, 1, 0, 8, 8, 2, 64, 16,  # W G tp rank E L topk H M
-           128, 0, 128, 4096, 128, 0, 0,  # row, scale, slot, table, part bytes; out and transfer dtypes
-           32, 1, 1, 1, 10**9, 1024, 0, 0, 0,  # chunk, chunks, SMs, nvl, timeout ns, combine items,
-           # tagged partials, tagged rows, send stream
-           0, 0, 8 * flags - 8, 1 << 20, 2 << 20, 0, 0, 0,  # sym, offsets: signals one flag short
-           0, 0, 0, 0,  # state, cnt, rowmap, err
-           0, 0]  # pes, peers
     expected = rf"signal region \({8 * flags - 8} bytes at offset 0\) cannot hold the {flags} flags"
     with pytest.raises(RuntimeError, match=expected):
-        torch.ops.moe_backend.create_ctx(cfg)
+        create_ctx(_one_rank_config(8 * flags - 8))  # one flag short
+
+
+def test_create_ctx_names_a_config_from_another_tree():
+    """A config vector of another length (the Python side and the extension built from different
+    trees, e.g. a carried device build) is refused with both lengths."""
+    create_ctx = _create_ctx_or_skip()
+    cfg = _one_rank_config(8 * (2 + 1 + 16 + 1024))  # every flag fits
+    expected = rf"bad config length \({len(cfg) + 1} entries for 1 ranks, want {len(cfg)}\)"
+    with pytest.raises(RuntimeError, match=expected):
+        create_ctx([*cfg, 0])
 
 
 def test_copy_engine_chunks_shrink_by_the_decay():
