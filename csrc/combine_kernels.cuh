@@ -484,11 +484,8 @@ __device__ __forceinline__ void store_tagged_n(char* dst, const float* f, unsign
 #pragma unroll
   for (int i = 0; i < N; ++i) tmp.v[i] = from_f<T>(f[i]);
 #pragma unroll
-  for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b) {
-    const int4 u = reinterpret_cast<const int4*>(&tmp)[b];
-    st_tagged2(dst + 32 * b, (unsigned)u.x, (unsigned)u.y, round);
-    st_tagged2(dst + 32 * b + 16, (unsigned)u.z, (unsigned)u.w, round);
-  }
+  for (int b = 0; b < (int)(N * sizeof(T) / 16); ++b)
+    st_tagged_int4(dst + 32 * b, reinterpret_cast<const int4*>(&tmp)[b], round);
 }
 // The rank of the j-th set bit of mask (a timed-out poll's report).
 __device__ __forceinline__ int nth_rank(unsigned long long mask, int j) {

@@ -216,6 +216,11 @@ __device__ __forceinline__ void st_tagged2(char* dst, unsigned a, unsigned b, un
                "l"(tag_word(b, round))
                : "memory");
 }
+// 16 payload bytes as four tagged words (32 bytes, two 16-byte stores): a tagged row's or partial's vector.
+__device__ __forceinline__ void st_tagged_int4(char* dst, int4 v, unsigned long long round) {
+  st_tagged2(dst, (unsigned)v.x, (unsigned)v.y, round);
+  st_tagged2(dst + 16, (unsigned)v.z, (unsigned)v.w, round);
+}
 __device__ __forceinline__ unsigned long long ld_tagged(const char* src) {
   unsigned long long v;
   asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
@@ -504,7 +509,7 @@ __device__ __forceinline__ void block_copy_multi(const Params& p, long long dst_
 
 // Block-cooperative copy of `bytes` (a multiple of 16) from src to byte offset dst_off of every
 // rank in `mask` as round-tagged words (p.ll_rows): each 4 bytes of payload become one 8-byte
-// word with the round in its high half (st_tagged2: 16 payload bytes, two 16-byte stores), so
+// word with the round in its high half (st_tagged_int4: 16 payload bytes, two 16-byte stores), so
 // the destination takes twice the bytes and needs no flag. Half block_copy_multi's loads in
 // flight: with 8, in an instance that also held the flagged copy, the send kernel spilled 36 B.
 constexpr int TAGGED_UNROLL = 4;
@@ -520,11 +525,7 @@ __device__ __forceinline__ void block_copy_tagged(const Params& p, long long dst
       char* d = p.peer[__ffsll((long long)m) - 1] + dst_off;
 #pragma unroll
       for (int u = 0; u < TAGGED_UNROLL; ++u)
-        if (i0 + u * nt < n) {
-          char* w = d + 32LL * (i0 + u * nt);
-          st_tagged2(w, (unsigned)v[u].x, (unsigned)v[u].y, round);
-          st_tagged2(w + 16, (unsigned)v[u].z, (unsigned)v[u].w, round);
-        }
+        if (i0 + u * nt < n) st_tagged_int4(d + 32LL * (i0 + u * nt), v[u], round);
     }
   }
 }

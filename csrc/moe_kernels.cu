@@ -310,8 +310,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   {
     const bool fits = p->row_bytes % 16 == 0 && p->scale_bytes % 16 == 0 && p->scale_bytes <= 512 &&
                       p->slot_bytes >= 2 * (p->row_bytes + p->scale_bytes);
-    const unsigned long long all = p->W >= 64 ? ~0ULL : (1ULL << p->W) - 1ULL;
-    const bool crossing = (all & ~p->own_ranks) != 0;
+    const bool crossing = p->G > 1 || self_send;  // the send skips the own group's ranks (own_ranks)
     p->ll_rows = rows_tagged && crossing && p->ll_table && p->nvl && fits ? 1 : 0;
   }
   // The combine's round-tagged partials (the TAGGED instances, round 49), as the layout chose

@@ -33,9 +33,10 @@ prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` tu
 A whole `combine` runs send and receive from one host call; `MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1`
 puts both on the caller's stream there, the receive launched by PDL (no fork or join; measured
 no faster on the GPU at world size 1, so off by default).
-On nvlink, arenas of at most 32 tokens send their combine partials as round-tagged words that the
-receive polls, with no flag to release or wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k`: arenas
-of at most k tokens, where the arena has room for them; 0 never).
+On nvlink, arenas of at most 32 tokens send their combine partials, and the dispatch rows that
+cross to another rank, as round-tagged words that the receive polls, with no flag to release or
+wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k` / `MOE_BACKEND_NVSHMEM_LL_ROWS=k`: arenas of at most
+k tokens, where the arena has room for them; 0 never).
 For arenas of more than 4096 source tokens `combine_send` launches one fused kernel on the
 side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0`
 turns it off; `=1` uses it for every arena past the overlap limit). With more than half the

@@ -183,8 +183,8 @@ def tagged_partials(spec: CommSpec, transport: str) -> bool:
     """Whether the arena's combine partials go as round-tagged words (the kernels' TAGGED
     instances): nvlink arenas with room for them of at most ll_combine_tokens() tokens whose rows
     are whole 16-byte vectors (hidden % 8 == 0)."""
-    return (has_tagged_room(spec, transport) and spec.max_num_tokens <= ll_combine_tokens()
-            and spec.hidden % 8 == 0)
+    limit = ll_combine_tokens()  # read (and a bad value refused) on every transport, as tagged_rows
+    return has_tagged_room(spec, transport) and spec.max_num_tokens <= limit and spec.hidden % 8 == 0
 
 
 def tagged_rows(spec: CommSpec, transport: str) -> bool:
