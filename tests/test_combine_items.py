@@ -12,6 +12,7 @@ from moe_backend.backends.nvshmem_runtime import (
     layout,
     ll_combine_tokens,
     ll_rows_tokens,
+    tagged_partials,
     tagged_rows,
 )
 from moe_backend.spec import CommSpec
@@ -49,6 +50,9 @@ def test_tagged_partials_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", bad)
         with pytest.raises(ValueError, match="LL_COMBINE must be a token count"):
             ll_combine_tokens()
+        for transport in ("nvlink", "put"):  # refused where no arena could use it too
+            with pytest.raises(ValueError, match="LL_COMBINE must be a token count"):
+                tagged_partials(CommSpec(256, 8, 7168, 1, 2), transport)
 
 
 def test_tagged_rows_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
