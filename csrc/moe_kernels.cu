@@ -103,8 +103,9 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
-  bool whole_combine = false;  // combine_whole: send and receive on the caller's stream (PDL) where the
-                               // receive would overlap the send (round 36; off by default)
+  bool whole_combine = true;  // combine_whole: send and receive on the caller's stream (PDL) where the
+                              // receive would overlap the send (round 36; by default since round 52)
+  bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
@@ -390,10 +391,12 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 50: grids by the largest call's items (size_grids); =0 by the arena's tokens.
   cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true));
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
-  // (=1). Off by default: at world size 1 it took 9.5 / 11.1 / 17.0 us at 1 / 32 / 128 tokens
-  // against 9.4 / 11.0 / 16.9 with the side stream; it saves the fork and join's host calls.
-  // One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
-  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", false, true);
+  // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
+  // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
+  // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.7 us at 128 tokens, the rest
+  // within 0.2 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
+  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
+  cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -975,10 +978,26 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
   return {ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)out.size(0), out.data_ptr()};
 }
 
+// The receive's blocks. Beside a send on the side stream, at most one a SM (see launch_combine_recv_n),
+// so a 128-token call's ~1,000 items take two or more turns on each of its warps. Launched by PDL
+// behind the send (combine_whole) it starts only once every send block has started, so no receive
+// block can keep a send block off an SM, and it may have more blocks than SMs: one warp per item of
+// this call (its rows times the most slices a token has), the blocks past the first wave starting
+// as the send's blocks end, their items' partials already in (round 52; MOE_BACKEND_NVSHMEM_WIDE_RECV=0
+// keeps the side stream's grid).
+static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, bool pdl) {
+  const int b = cx.grids.comb_recv;
+  if (!pdl || !send_regs || !cx.wide_recv) return b;
+  const Params& p = cx.p;
+  const long long items = (long long)ra.rows * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);
+  const long long per_block = COMB_OVERLAP_THREADS / 32;
+  return (int)std::max<long long>(b, std::min<long long>(16LL * p.num_sms, (items + per_block - 1) / per_block));
+}
+
 static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
                                     bool pdl = false) {
   const Params& p = cx.p;
-  const int b = cx.grids.comb_recv;
+  const int b = recv_blocks(cx, ra, send_regs, pdl);
   bool launched;
   switch (p.out_code) {
     case 0:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -263,3 +266,52 @@ def contract_tasks_worker() -> None:
         except Exception as err:
             raise AssertionError(f"[{transport}] {type(err).__name__}: {err}") from err
     contract_tasks.host_valid_rows("reference")
+
+
+def traced_grids(step: Callable[..., object], *args: object) -> dict[str, int]:
+    """The blocks of each latency kernel that `step(*args)` launched, by the profiler's trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(*args)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    grids: dict[str, int] = {}
+    for event in events:
+        for kernel in ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel"):
+            if event.get("cat") == "kernel" and kernel in event.get("name", ""):
+                grids[kernel] = event["args"]["grid"][0]
+    return grids
+
+
+def wide_recv_worker(seed: int, large_calls: int, wide: bool) -> None:
+    """The whole combine's receive grid, by the profiler, and its results, bit for bit: with
+    WIDE_RECV a warp per item of the call (more blocks than SMs where the call's rows pass them),
+    otherwise the side stream's grid (a block per SM at most)."""
+    # Read when an arena is created: the whole combine on one stream, its receive launched by PDL.
+    os.environ["MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"] = "1"
+    os.environ["MOE_BACKEND_NVSHMEM_WIDE_RECV"] = "1" if wide else "0"
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    # hidden 2048: at most 4 combine slices a token; a 256-token arena's side-stream grid is min(SMs, 1024).
+    spec = CommSpec(num_experts=8 * world, topk=4, hidden=2048, max_num_tokens=256, world_size=world)
+    comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True)
+    try:
+        # Calls where every group's rows pass the SMs (the wide grid exceeds them), and one where none does.
+        rows_of = {s: [g.x.shape[0] for g in make_inputs(Case(spec, seed=s))] for s in range(seed, seed + 400)}
+        large = [s for s, rows in rows_of.items() if min(rows) > sms + 8][:large_calls]
+        small = [s for s, rows in rows_of.items() if max(rows) < sms // 2][:1]
+        assert len(large) == large_calls and small, f"no seeds of both sizes in {rows_of}"
+        for s in large + small:
+            case = Case(spec, "uniform", seed=s, num_tokens_mode="tensor")
+            got = traced_grids(run_case, comm, case)["combine_recv_kernel"]
+            rows = rows_of[s][rank]
+            want = max(min(sms, 256 * 4), rows) if wide else min(sms, 256 * 4)  # 4 warps a block, 4 slices a row
+            what = f"{case.describe()}, rank {rank}, {rows} rows, WIDE_RECV={int(wide)}"
+            assert got == want, f"[{what}] receive grid {got}, want {want}"
+    finally:
+        comm.close()

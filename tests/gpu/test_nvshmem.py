@@ -193,20 +193,28 @@ def test_contract_suite_tagged_rows():
 def test_contract_suite_tagged_partials():
     """The combine's partials in round-tagged words that the receive polls, no flag (LL_COMBINE:
     by default in nvlink arenas of at most 32 tokens): in every arena with room for them, in none,
-    and in arenas of at most 20 tokens with the whole combine's PDL launch: the same results,
+    and in arenas of at most 20 tokens with the whole combine's receive on the side stream: the same results,
     rounds and replays."""
     for env in ({"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"}, {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
-                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"}):
+                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"}):
         _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
-def test_contract_suite_whole_combine_on_one_stream():
-    """`comm.combine` with MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1 (round 36): where the receive would
-    overlap the send, both kernels on the caller's stream, the receive launched by PDL (no fork
-    or join). Off by default; this keeps it bit-exact with the reference, through rounds and
-    CUDA-graph replays, on both transports."""
-    env = {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"}
+def test_contract_suite_combine_on_the_side_stream():
+    """`comm.combine` with the receive on the side stream (MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=0; by
+    default since round 52 both kernels on the caller's stream, the receive launched by PDL):
+    bit-exact with the reference, through rounds and CUDA-graph replays, on both transports."""
+    env = {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"}
     _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_whole_combine_receive_takes_a_warp_per_item(wide: bool):
+    """The whole combine's PDL-launched receive with a warp per item of the call, more blocks than
+    SMs where each rank's rows pass them (round 52, WIDE_RECV), and without: the grids by the
+    profiler, the results bit for bit."""
+    print(f"seed={SEED}")
+    launch.spawn(_workers.wide_recv_worker, WORLD, SEED, 2, wide, dist_backend=BACKEND, timeout=120 * WORLD * SLOW)
 
 
 def test_latency_floor_probe_runs():

@@ -90,8 +90,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
 # "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
 # receive, one fused kernel since round 35).
-# "pdl-combine": `comm.combine` with both kernels on the caller's stream, the receive launched by
-# PDL (round 36; by default the receive runs on the side stream).
+# "side-combine": `comm.combine` with the receive on the side stream (WHOLE_COMBINE=0; by default
+# since round 52 both kernels on the caller's stream, the receive launched by PDL).
 # "self-send*": the send ships the own group's tokens into the slots and raises their flags, and
 # the receive waits for the flags and reads the slots, as for another rank's tokens
 # (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
@@ -117,7 +117,7 @@ VARIANTS = {
     "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
-    "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
+    "side-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"},
     "self-send": SELF_SEND,
     "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
                                            for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
@@ -156,7 +156,7 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "pdl-combine", "self-send", "tagged-rows",
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "side-combine", "self-send", "tagged-rows",
                                      "tagged-partials"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
@@ -226,27 +226,9 @@ def test_self_send_goes_through_the_slots(self_send: bool, ll_rows: str) -> None
     launch.spawn(_self_send_worker, 1, SEED, self_send, ll_rows, dist_backend="nccl", timeout=120)
 
 
-def _launched_grids(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> dict[str, int]:
-    """The blocks of each latency kernel one dispatch and one combine launched, by the profiler's trace."""
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        result = comm.dispatch(x, ids)
-        comm.combine(result.tokens, result.handle)
-        torch.cuda.synchronize(x.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    grids: dict[str, int] = {}
-    for event in events:
-        for kernel in ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel"):
-            if event.get("cat") == "kernel" and kernel in event.get("name", ""):
-                grids[kernel] = event["args"]["grid"][0]
-    return grids
+def _dispatch_and_combine(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> None:
+    result = comm.dispatch(x, ids)
+    comm.combine(result.tokens, result.handle)
 
 
 def _grids_worker(seed: int, per_item: bool) -> None:
@@ -263,7 +245,7 @@ def _grids_worker(seed: int, per_item: bool) -> None:
             x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
             first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
             comm.combine(first.tokens, first.handle)
-            got = _launched_grids(comm, x, ids)
+            got = _workers.traced_grids(_dispatch_and_combine, comm, x, ids)
             pieces, slices = tokens * 8, tokens * 4
             if per_item:  # a block per item of the largest call (and the table's 2 blocks), while SMs last
                 want = {"dispatch_fused_kernel": min(sms, pieces + 2), "combine_send_kernel": min(sms, slices),
@@ -283,6 +265,14 @@ def test_grids_follow_the_largest_call(per_item: bool) -> None:
     combine slices on 4; with ITEM_GRIDS=0, as many as the arena's tokens fill (one block each at
     1 token)."""
     launch.spawn(_grids_worker, 1, SEED, per_item, dist_backend="nccl", timeout=120)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_whole_combine_receive_takes_a_warp_per_item(wide: bool) -> None:
+    """A whole combine's receive launched by PDL (WHOLE_COMBINE=1) may have more blocks than SMs
+    (round 52): one warp per item of the call, its rows times 4 slices over 4 warps a block, and
+    stays bit-exact; with WIDE_RECV=0 the side stream's grid (a block per SM at most)."""
+    launch.spawn(_workers.wide_recv_worker, 1, SEED, 2, wide, dist_backend="nccl", timeout=120)
 
 
 def test_contract_tasks_on_one_gpu() -> None:
