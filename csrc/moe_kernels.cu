@@ -393,8 +393,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
-  // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.7 us at 128 tokens, the rest
-  // within 0.2 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
+  // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.8 us at 128 tokens, 1-32 tokens
+  // within +0.3 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
   cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
@@ -982,9 +982,9 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
 // so a 128-token call's ~1,000 items take two or more turns on each of its warps. Launched by PDL
 // behind the send (combine_whole) it starts only once every send block has started, so no receive
 // block can keep a send block off an SM, and it may have more blocks than SMs: one warp per item of
-// this call (its rows times the most slices a token has), the blocks past the first wave starting
-// as the send's blocks end, their items' partials already in (round 52; MOE_BACKEND_NVSHMEM_WIDE_RECV=0
-// keeps the side stream's grid).
+// this call (its rows times the most slices a token has; at most 16 blocks a SM), the blocks past
+// the first wave starting as the send's blocks end, their items' partials already in (round 52;
+// MOE_BACKEND_NVSHMEM_WIDE_RECV=0 keeps the side stream's grid).
 static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, bool pdl) {
   const int b = cx.grids.comb_recv;
   if (!pdl || !send_regs || !cx.wide_recv) return b;
