@@ -174,7 +174,7 @@ static double dense_fraction(int E, int L, int topk) {
 // beside the send), 2-5 us slower than the same call in a 128-token arena (round 49).
 static Grids size_grids(const Params& p, bool per_item) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
-  const long long slices = (long long)p.M * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);  // call_slices' cap
+  const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
   Grids g;
   // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
@@ -989,7 +989,7 @@ static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, b
   const int b = cx.grids.comb_recv;
   if (!pdl || !send_regs || !cx.wide_recv) return b;
   const Params& p = cx.p;
-  const long long items = (long long)ra.rows * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);
+  const long long items = (long long)ra.rows * max_slices(p.H);
   const long long per_block = COMB_OVERLAP_THREADS / 32;
   return (int)std::max<long long>(b, std::min<long long>(16LL * p.num_sms, (items + per_block - 1) / per_block));
 }
