@@ -147,10 +147,14 @@ __host__ __device__ inline long long sig_comb(const Params& p, int r, int t, int
 // Round 34 (world size 1): 256-element slices (28 at 1 token) 9.3-9.5 / 13.2-13.3 / 16.7 us
 // against 9.3-9.5 / 11.5-11.6 / 16.8 us with 512.
 constexpr int SLICE_MIN_ELEMS = 512;
+// The most slices a token's partial has (call_slices' cap); the host sizes the combine's grids by it.
+__host__ __device__ constexpr int max_slices(int H) { return (H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS; }
 __device__ __forceinline__ int call_slices(const Params& p) {
   const unsigned long long n = p.state[8];
   const long long tokens = (long long)p.G * (long long)(n < 1 ? 1 : (n > (unsigned long long)p.M ? p.M : n));
   const long long by_items = p.comb_items / tokens;
+  // max_slices(p.H), written out: through the helper ptxas assigned the registers of the prefill's
+  // fused send instances differently (same instructions; the built kernels are kept as measured).
   const int cap = (p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS;
   return by_items < 1 ? 1 : (by_items > cap ? cap : (int)by_items);
 }

@@ -175,7 +175,7 @@ static double dense_fraction(int E, int L, int topk) {
 // beside the send), 2-5 us slower than the same call in a 128-token arena (round 49).
 static Grids size_grids(const Params& p, bool per_item) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
-  const long long slices = (long long)p.M * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);  // call_slices' cap
+  const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
   Grids g;
   // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
@@ -394,8 +394,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
-  // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.7 us at 128 tokens, the rest
-  // within 0.2 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
+  // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.8 us at 128 tokens, 1-32 tokens
+  // within +0.3 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
   cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
   if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE")) cx->whole_auto = v[0] == '2';
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
@@ -984,12 +984,12 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
 // so a 128-token call's ~1,000 items take two or more turns on each of its warps. Launched by PDL
 // behind the send (combine_whole) it starts only once every send block has started, so no receive
 // block can keep a send block off an SM, and it may have more blocks than SMs: one warp per item of
-// this call (its rows times the most slices a token has), the blocks past the first wave starting
-// as the send's blocks end, their items' partials already in (round 52; MOE_BACKEND_NVSHMEM_WIDE_RECV=0
-// keeps the side stream's grid).
+// this call (its rows times the most slices a token has; at most 16 blocks a SM), the blocks past
+// the first wave starting as the send's blocks end, their items' partials already in (round 52;
+// MOE_BACKEND_NVSHMEM_WIDE_RECV=0 keeps the side stream's grid).
 static int wide_recv_blocks(const Ctx& cx, int rows) {
   const Params& p = cx.p;
-  const long long items = (long long)rows * ((p.H + SLICE_MIN_ELEMS - 1) / SLICE_MIN_ELEMS);
+  const long long items = (long long)rows * max_slices(p.H);
   const long long per_block = COMB_OVERLAP_THREADS / 32;
   return (int)std::max<long long>(cx.grids.comb_recv,
                                   std::min<long long>(16LL * p.num_sms, (items + per_block - 1) / per_block));

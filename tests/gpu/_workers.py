@@ -307,10 +307,19 @@ def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str = "1") 
     spec = CommSpec(num_experts=8 * world, topk=4, hidden=2048, max_num_tokens=256, world_size=world)
     comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True)
     try:
-        # Calls where every group's rows pass the SMs (the wide grid exceeds them), and one where none does.
-        rows_of = {s: [g.x.shape[0] for g in make_inputs(Case(spec, seed=s))] for s in range(seed, seed + 400)}
-        large = [s for s, rows in rows_of.items() if min(rows) > sms + 8][:large_calls]
-        small = [s for s, rows in rows_of.items() if max(rows) < sms // 2][:1]
+        # Calls where every group's rows pass the SMs (the wide grid exceeds them), and one where none
+        # does; seeds drawn until both are found.
+        rows_of: dict[int, list[int]] = {}
+        large: list[int] = []
+        small: list[int] = []
+        for s in range(seed, seed + 400):
+            if len(large) == large_calls and small:
+                break
+            rows_of[s] = rows = [g.x.shape[0] for g in make_inputs(Case(spec, seed=s))]
+            if min(rows) > sms + 8 and len(large) < large_calls:
+                large.append(s)
+            elif max(rows) < sms // 2 and not small:
+                small.append(s)
         assert len(large) == large_calls and small, f"no seeds of both sizes in {rows_of}"
         for s in large + small:
             case = Case(spec, "uniform", seed=s, num_tokens_mode="tensor")
