@@ -106,6 +106,7 @@ struct Ctx {
   bool whole_combine = true;  // combine_whole: send and receive on the caller's stream (PDL) where the
                               // receive would overlap the send (round 36; by default since round 52)
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
+  bool whole_auto = false;  // WHOLE_COMBINE=2: the PDL launch only where the wide receive is wider (round 53)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
@@ -396,6 +397,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.8 us at 128 tokens, 1-32 tokens
   // within +0.3 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
   cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
+  if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE")) cx->whole_auto = v[0] == '2';
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
@@ -985,13 +987,16 @@ static RecvArgs<void> recv_args(const at::Tensor& ids, const std::optional<at::T
 // this call (its rows times the most slices a token has; at most 16 blocks a SM), the blocks past
 // the first wave starting as the send's blocks end, their items' partials already in (round 52;
 // MOE_BACKEND_NVSHMEM_WIDE_RECV=0 keeps the side stream's grid).
-static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, bool pdl) {
-  const int b = cx.grids.comb_recv;
-  if (!pdl || !send_regs || !cx.wide_recv) return b;
+static int wide_recv_blocks(const Ctx& cx, int rows) {
   const Params& p = cx.p;
-  const long long items = (long long)ra.rows * max_slices(p.H);
+  const long long items = (long long)rows * max_slices(p.H);
   const long long per_block = COMB_OVERLAP_THREADS / 32;
-  return (int)std::max<long long>(b, std::min<long long>(16LL * p.num_sms, (items + per_block - 1) / per_block));
+  return (int)std::max<long long>(cx.grids.comb_recv,
+                                  std::min<long long>(16LL * p.num_sms, (items + per_block - 1) / per_block));
+}
+static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, bool pdl) {
+  if (!pdl || !send_regs || !cx.wide_recv) return cx.grids.comb_recv;
+  return wide_recv_blocks(cx, ra.rows);
 }
 
 static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
@@ -1100,7 +1105,10 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
                    const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
   Ctx& cx = CX(ctx);
-  if (!(cx.comb_overlap && cx.whole_combine)) {
+  // Round 53 (WHOLE_COMBINE=2): the PDL launch only for calls whose wide receive has more blocks
+  // than the side stream's grid (round 52: calls of at most 32 tokens were up to 0.3 us slower on it).
+  const bool by_call = cx.whole_auto && !(cx.wide_recv && wide_recv_blocks(cx, (int)out.size(0)) > cx.grids.comb_recv);
+  if (!(cx.comb_overlap && cx.whole_combine) || by_call) {
     const at::Tensor d = combine_send(y, w, dep, ids, ntok, n_host, out, ctx);
     combine_recv(d, ids, ntok, n_host, out, ctx);
     return;

@@ -268,8 +268,8 @@ def contract_tasks_worker() -> None:
     contract_tasks.host_valid_rows("reference")
 
 
-def traced_grids(step: Callable[..., object], *args: object) -> dict[str, int]:
-    """The blocks of each latency kernel that `step(*args)` launched, by the profiler's trace."""
+def traced_kernels(step: Callable[..., object], *args: object) -> dict[str, dict[str, Any]]:
+    """The trace arguments (grid, stream, ...) of each latency kernel that `step(*args)` launched."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -280,20 +280,26 @@ def traced_grids(step: Callable[..., object], *args: object) -> dict[str, int]:
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
-    grids: dict[str, int] = {}
+    kernels: dict[str, dict[str, Any]] = {}
     for event in events:
         for kernel in ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel"):
             if event.get("cat") == "kernel" and kernel in event.get("name", ""):
-                grids[kernel] = event["args"]["grid"][0]
-    return grids
+                kernels[kernel] = event["args"]
+    return kernels
 
 
-def wide_recv_worker(seed: int, large_calls: int, wide: bool) -> None:
+def traced_grids(step: Callable[..., object], *args: object) -> dict[str, int]:
+    """The blocks of each latency kernel that `step(*args)` launched, by the profiler's trace."""
+    return {k: a["grid"][0] for k, a in traced_kernels(step, *args).items()}
+
+
+def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str = "1") -> None:
     """The whole combine's receive grid, by the profiler, and its results, bit for bit: with
     WIDE_RECV a warp per item of the call (more blocks than SMs where the call's rows pass them),
-    otherwise the side stream's grid (a block per SM at most)."""
+    otherwise the side stream's grid (a block per SM at most). `whole` "2": the PDL launch (the
+    receive on the send's stream) only for the calls whose wide grid passes the side stream's."""
     # Read when an arena is created: the whole combine on one stream, its receive launched by PDL.
-    os.environ["MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"] = "1"
+    os.environ["MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"] = whole
     os.environ["MOE_BACKEND_NVSHMEM_WIDE_RECV"] = "1" if wide else "0"
     world, rank = dist.get_world_size(), dist.get_rank()
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -317,10 +323,14 @@ def wide_recv_worker(seed: int, large_calls: int, wide: bool) -> None:
         assert len(large) == large_calls and small, f"no seeds of both sizes in {rows_of}"
         for s in large + small:
             case = Case(spec, "uniform", seed=s, num_tokens_mode="tensor")
-            got = traced_grids(run_case, comm, case)["combine_recv_kernel"]
+            kernels = traced_kernels(run_case, comm, case)
+            got = kernels["combine_recv_kernel"]["grid"][0]
             rows = rows_of[s][rank]
             want = max(min(sms, 256 * 4), rows) if wide else min(sms, 256 * 4)  # 4 warps a block, 4 slices a row
-            what = f"{case.describe()}, rank {rank}, {rows} rows, WIDE_RECV={int(wide)}"
+            what = f"{case.describe()}, rank {rank}, {rows} rows, WIDE_RECV={int(wide)}, WHOLE_COMBINE={whole}"
             assert got == want, f"[{what}] receive grid {got}, want {want}"
+            same_stream = kernels["combine_recv_kernel"]["stream"] == kernels["combine_send_kernel"]["stream"]
+            want_same = whole == "1" or (whole == "2" and wide and want > min(sms, 256 * 4))
+            assert same_stream == want_same, f"[{what}] receive on the send's stream: {same_stream}, want {want_same}"
     finally:
         comm.close()

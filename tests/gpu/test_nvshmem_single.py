@@ -268,6 +268,13 @@ def test_grids_follow_the_largest_call(per_item: bool) -> None:
 
 
 @pytest.mark.parametrize("wide", [True, False])
+def test_whole_combine_by_call(wide: bool) -> None:
+    """WHOLE_COMBINE=2 (round 53): the PDL launch, with its wide receive, only for the calls whose
+    wide grid passes the side stream's; the others on the side stream. Bit-exact either way."""
+    launch.spawn(_workers.wide_recv_worker, 1, SEED, 2, wide, "2", dist_backend="nccl", timeout=120)
+
+
+@pytest.mark.parametrize("wide", [True, False])
 def test_whole_combine_receive_takes_a_warp_per_item(wide: bool) -> None:
     """A whole combine's receive launched by PDL (WHOLE_COMBINE=1) may have more blocks than SMs
     (round 52): one warp per item of the call, its rows times 4 slices over 4 warps a block, and
