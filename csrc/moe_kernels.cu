@@ -106,7 +106,7 @@ struct Ctx {
   bool whole_combine = true;  // combine_whole: send and receive on the caller's stream (PDL) where the
                               // receive would overlap the send (round 36; by default since round 52)
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
-  bool whole_auto = false;  // WHOLE_COMBINE=2: the PDL launch only where the wide receive is wider (round 53)
+  bool whole_by_call = true;  // the PDL launch only for calls whose wide receive is wider (round 53; =1 every call)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
@@ -396,8 +396,13 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
   // WIDE_RECV, which only a PDL launch allows) 14.1-14.4 -> 12.5-12.8 us at 128 tokens, 1-32 tokens
   // within +0.3 us. One fused kernel (send items, then receive items) was slower: 12.5 / 14.3 / 17.7 us.
+  // Round 53: per call, PDL only where the wide receive's grid passes the side stream's, since the
+  // calls below it were up to 0.3 us slower that way: 128-token arena at 1 / 32 / 128 tokens
+  // 8.4-8.5 / 9.7-9.8 / 12.8 us against 8.5-8.7 / 10.0-10.1 / 12.6-12.9 (every call) and
+  // 8.4 / 9.7 / 14.3-14.4 (none). =1: every call by PDL, =0: none.
   cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
-  if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE")) cx->whole_auto = v[0] == '2';
+  const char* whole = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE");
+  cx->whole_by_call = !(whole && whole[0] == '1');
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
@@ -1101,14 +1106,14 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 // receive would run beside the send (decode-sized arenas), both kernels on the caller's stream,
 // the receive launched programmatically (PDL) so that it starts once every send block has
 // started (the send triggers at its entry), as on the side stream, but with no fork or join
-// (round 36; MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1). Otherwise the send and the receive as separate ops.
+// (round 36), by default only for the calls whose wide receive passes the side stream's grid
+// (round 53; MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1: every call). Otherwise the send and the receive
+// as separate ops (the side stream).
 void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
                    const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
   Ctx& cx = CX(ctx);
-  // Round 53 (WHOLE_COMBINE=2): the PDL launch only for calls whose wide receive has more blocks
-  // than the side stream's grid (round 52: calls of at most 32 tokens were up to 0.3 us slower on it).
-  const bool by_call = cx.whole_auto && !(cx.wide_recv && wide_recv_blocks(cx, (int)out.size(0)) > cx.grids.comb_recv);
-  if (!(cx.comb_overlap && cx.whole_combine) || by_call) {
+  const bool narrow = cx.whole_by_call && !(cx.wide_recv && wide_recv_blocks(cx, (int)out.size(0)) > cx.grids.comb_recv);
+  if (!(cx.comb_overlap && cx.whole_combine) || narrow) {
     const at::Tensor d = combine_send(y, w, dep, ids, ntok, n_host, out, ctx);
     combine_recv(d, ids, ntok, n_host, out, ctx);
     return;

@@ -30,10 +30,11 @@ receive in the same blocks, wherever the direct receive runs (small arenas: deco
 Likewise `combine_send` launches the combine receive (into the `out` the communicator hands
 it) concurrently, for arenas of at most 1024 source tokens (measured faster there, slower at
 prefill sizes); `combine_recv` joins. `MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0` turns it off.
-A whole `combine` runs send and receive from one host call, both on the caller's stream there,
-the receive launched by PDL (no fork or join) with a warp per item of the call, more blocks than
-SMs where the call has the items (`MOE_BACKEND_NVSHMEM_WIDE_RECV=0`: the side stream's grid);
-`MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=0` keeps the side stream.
+A whole `combine` runs send and receive from one host call; where the call has more items than
+the side stream's receive grid, both on the caller's stream, the receive launched by PDL (no fork
+or join) with a warp per item of the call, more blocks than SMs where the call has the items, and
+otherwise on the side stream (`MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1`: every call by PDL, `=0`: none;
+`MOE_BACKEND_NVSHMEM_WIDE_RECV=0`: the side stream's grid, and so the side stream by default).
 On nvlink, arenas of at most 32 tokens send their combine partials, and the dispatch rows that
 cross to another rank, as round-tagged words that the receive polls, with no flag to release or
 wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k` / `MOE_BACKEND_NVSHMEM_LL_ROWS=k`: arenas of at most
@@ -221,7 +222,8 @@ class NvshmemBackend(Backend):
 
     def combine_whole(self, expert_y, handle: Handle, weights, out: torch.Tensor) -> torch.Tensor:
         # Send and receive from one host call (both on the caller's stream where the receive
-        # would overlap the send, the receive by PDL; WHOLE_COMBINE=0: the side stream).
+        # would overlap the send and the call fills more than the side stream's receive grid, the
+        # receive by PDL; otherwise the side stream).
         dep, nt, nh = self._combine_inputs(expert_y, handle)
         _combine_whole(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
         return self._combine_done(out)

@@ -293,13 +293,17 @@ def traced_grids(step: Callable[..., object], *args: object) -> dict[str, int]:
     return {k: a["grid"][0] for k, a in traced_kernels(step, *args).items()}
 
 
-def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str = "1") -> None:
+def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str | None = "1") -> None:
     """The whole combine's receive grid, by the profiler, and its results, bit for bit: with
     WIDE_RECV a warp per item of the call (more blocks than SMs where the call's rows pass them),
-    otherwise the side stream's grid (a block per SM at most). `whole` "2": the PDL launch (the
-    receive on the send's stream) only for the calls whose wide grid passes the side stream's."""
-    # Read when an arena is created: the whole combine on one stream, its receive launched by PDL.
-    os.environ["MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"] = whole
+    otherwise the side stream's grid (a block per SM at most). `whole` "1": every call's receive
+    launched by PDL on the send's stream; None (the default, round 53): only the calls whose wide
+    grid passes the side stream's, the others on the side stream."""
+    # Read when an arena is created.
+    if whole is None:
+        os.environ.pop("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", None)
+    else:
+        os.environ["MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"] = whole
     os.environ["MOE_BACKEND_NVSHMEM_WIDE_RECV"] = "1" if wide else "0"
     world, rank = dist.get_world_size(), dist.get_rank()
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -327,10 +331,11 @@ def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str = "1") 
             got = kernels["combine_recv_kernel"]["grid"][0]
             rows = rows_of[s][rank]
             want = max(min(sms, 256 * 4), rows) if wide else min(sms, 256 * 4)  # 4 warps a block, 4 slices a row
-            what = f"{case.describe()}, rank {rank}, {rows} rows, WIDE_RECV={int(wide)}, WHOLE_COMBINE={whole}"
+            what = (f"{case.describe()}, rank {rank}, {rows} rows, WIDE_RECV={int(wide)}, "
+                    f"WHOLE_COMBINE={whole or 'unset'}")
             assert got == want, f"[{what}] receive grid {got}, want {want}"
             same_stream = kernels["combine_recv_kernel"]["stream"] == kernels["combine_send_kernel"]["stream"]
-            want_same = whole == "1" or (whole == "2" and wide and want > min(sms, 256 * 4))
+            want_same = whole == "1" or (whole is None and wide and want > min(sms, 256 * 4))
             assert same_stream == want_same, f"[{what}] receive on the send's stream: {same_stream}, want {want_same}"
     finally:
         comm.close()

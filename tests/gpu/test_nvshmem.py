@@ -200,11 +200,13 @@ def test_contract_suite_tagged_partials():
         _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 
-def test_contract_suite_combine_on_the_side_stream():
-    """`comm.combine` with the receive on the side stream (MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=0; by
-    default since round 52 both kernels on the caller's stream, the receive launched by PDL):
-    bit-exact with the reference, through rounds and CUDA-graph replays, on both transports."""
-    env = {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"}
+@pytest.mark.parametrize("whole", ["0", "1"])
+def test_contract_suite_whole_combine_forced(whole: str):
+    """`comm.combine` with every call's receive on the side stream (MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=0)
+    or every call's on the caller's stream, launched by PDL (=1; by default, round 53, only the calls
+    whose warp-per-item receive grid passes the side stream's): bit-exact with the reference,
+    through rounds and CUDA-graph replays, on both transports."""
+    env = {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": whole}
     _spawn(_contract_under_env, 10, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
 
 
@@ -215,6 +217,15 @@ def test_whole_combine_receive_takes_a_warp_per_item(wide: bool):
     profiler, the results bit for bit."""
     print(f"seed={SEED}")
     launch.spawn(_workers.wide_recv_worker, WORLD, SEED, 2, wide, dist_backend=BACKEND, timeout=120 * WORLD * SLOW)
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_whole_combine_by_call(wide: bool):
+    """By default (round 53) the PDL launch only for the calls whose wide receive grid passes the
+    side stream's, on every rank: the streams and grids by the profiler, the results bit for bit."""
+    print(f"seed={SEED}")
+    launch.spawn(_workers.wide_recv_worker, WORLD, SEED, 2, wide, None, dist_backend=BACKEND,
+                 timeout=120 * WORLD * SLOW)
 
 
 def test_latency_floor_probe_runs():

@@ -90,8 +90,9 @@ def _overlap_env(on: str) -> dict[str, str]:
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
 # "split-dispatch": `comm.dispatch` as a send and a receive kernel (by default, with the direct
 # receive, one fused kernel since round 35).
-# "side-combine": `comm.combine` with the receive on the side stream (WHOLE_COMBINE=0; by default
-# since round 52 both kernels on the caller's stream, the receive launched by PDL).
+# "side-combine": `comm.combine` with the receive on the side stream (WHOLE_COMBINE=0); "pdl-combine":
+# every call's send and receive on the caller's stream, the receive launched by PDL (WHOLE_COMBINE=1;
+# by default, round 53, only the calls whose warp-per-item receive grid passes the side stream's).
 # "self-send*": the send ships the own group's tokens into the slots and raises their flags, and
 # the receive waits for the flags and reads the slots, as for another rank's tokens
 # (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
@@ -118,6 +119,7 @@ VARIANTS = {
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "side-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"},
+    "pdl-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "1"},
     "self-send": SELF_SEND,
     "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
                                            for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
@@ -156,8 +158,8 @@ def _rounds_and_graphs_worker(seed: int, env: dict[str, str]) -> None:
         _workers.graph_worker(seed, transport, 4)
 
 
-@pytest.mark.parametrize("variant", ["overlap", "untagged", "side-combine", "self-send", "tagged-rows",
-                                     "tagged-partials"])
+@pytest.mark.parametrize("variant", ["overlap", "untagged", "side-combine", "pdl-combine", "self-send",
+                                     "tagged-rows", "tagged-partials"])
 def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     """Rounds on a shared arena and CUDA-graph replays (the round advanced on the device) at
     world 1, on both transports: the round-tagged table (put since round 26: staged and put)
@@ -269,9 +271,10 @@ def test_grids_follow_the_largest_call(per_item: bool) -> None:
 
 @pytest.mark.parametrize("wide", [True, False])
 def test_whole_combine_by_call(wide: bool) -> None:
-    """WHOLE_COMBINE=2 (round 53): the PDL launch, with its wide receive, only for the calls whose
-    wide grid passes the side stream's; the others on the side stream. Bit-exact either way."""
-    launch.spawn(_workers.wide_recv_worker, 1, SEED, 2, wide, "2", dist_backend="nccl", timeout=120)
+    """By default (round 53) the PDL launch, with its wide receive, only for the calls whose wide
+    grid passes the side stream's, the others on the side stream (all of them with WIDE_RECV=0),
+    by the profiler's streams and grids; bit-exact either way."""
+    launch.spawn(_workers.wide_recv_worker, 1, SEED, 2, wide, None, dist_backend="nccl", timeout=120)
 
 
 @pytest.mark.parametrize("wide", [True, False])
