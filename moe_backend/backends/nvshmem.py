@@ -15,6 +15,11 @@ after every receive, so the `RuntimeError` naming phase and peer surfaces at the
 the next op (at once with `sync_check=True`, or after any stream sync with `check_error()`).
 No host sync anywhere else: all four ops can be captured in a CUDA graph.
 
+Tuning variables (`MOE_BACKEND_NVSHMEM_*`, read when an arena is created, each named below or in
+docs/PERF_NOTES.md with its measurement): a name the backend does not know (a misspelt switch)
+or a value its reader would not take (`0`/`1` for the switches, positive integers for the
+counts) raises `ValueError` before anything is allocated (nvshmem_env.check_env).
+
 Own group: the send skips the ranks of its own group, whose receive copies those tokens from
 its own `x` / `x_scale` (identical on every replica). So `x` and `x_scale` must not be modified
 between `dispatch_send` and `dispatch_recv` (the extension holds a reference until then).

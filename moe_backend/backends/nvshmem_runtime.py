@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..spec import FP8, CommSpec
+from .nvshmem_env import check_env
 
 TRANSPORTS = ("auto", "put", "nvlink")
 MAX_WORLD = 64
@@ -319,6 +320,7 @@ class Arena:
 
     def __init__(self, key, spec: CommSpec, transport: str, timeout_s: float, pes: list[int], rank: int,
                  device: torch.device, sms: int, send_stream: bool = False):
+        check_env()  # the kernels' variables, before anything is loaded or allocated
         o = ops()
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)  # a bad LL_COMBINE raises here, before the collective allocation
