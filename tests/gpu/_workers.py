@@ -339,3 +339,35 @@ def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str | None 
             assert same_stream == want_same, f"[{what}] receive on the send's stream: {same_stream}, want {want_same}"
     finally:
         comm.close()
+
+
+def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -> None:
+    """DeepSeek prefill-sized rows (hidden 7168, top-8 of 256, bf16) with `tokens` a rank, the send
+    kernel on its own stream (send_stream=True) and a chain of 2048^2 matmuls between
+    dispatch_send and dispatch_recv, as the benchmark's overlap row runs them: each round's rows
+    and counts bit for bit those of a whole dispatch of the same inputs (no wait may time out)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    spec = CommSpec(num_experts=256, topk=8, hidden=7168, max_num_tokens=tokens, world_size=world)
+    comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=True)
+    dev = comm.device
+    a = torch.randn(2048, 2048, device=dev).to(torch.bfloat16)
+    try:
+        for s in range(seed, seed + rounds):
+            g = make_inputs(Case(spec, "uniform", s, True, "none"))[rank]
+            x, ids, w = g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev)
+            whole = comm.dispatch(x, ids, w, None, g.num_tokens)  # rows past num_tokens are garbage
+            want_tokens, want_counts = whole.tokens.clone(), whole.tokens_per_expert.clone()
+            y = torch.zeros(whole.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev)
+            comm.combine(y, whole.handle)
+            pending = comm.dispatch_send(x, ids, w, None, g.num_tokens)
+            for _ in range(matmuls):
+                torch.mm(a, a)
+            got = pending.recv()
+            total = int(want_counts.sum())
+            what = f"seed {s}, rank {rank}, {tokens} tokens, {matmuls} matmuls between"
+            assert bitwise_equal(got.tokens_per_expert, want_counts), f"[{what}] tokens_per_expert"
+            assert bitwise_equal(got.tokens[:total], want_tokens[:total]), f"[{what}] tokens"
+            comm.combine(y, got.handle)
+        torch.cuda.synchronize()
+    finally:
+        comm.close()

@@ -92,6 +92,16 @@ def _contract_with_send_stream(seed, count):
     _workers.graph_worker(seed, "nvlink", 4, send_stream=True)
 
 
+@pytest.mark.parametrize("tokens", [1024, 2048])
+def test_work_between_send_and_receive_at_prefill_sizes(tokens: int):
+    """The benchmark's overlap row as a test: the send on its own stream, 2048^2 matmuls between
+    dispatch_send and dispatch_recv, DeepSeek rows at 1024 and 2048 tokens a rank (the copy-engine
+    send's sizes). Run 39 (nvidia-h200-x2, main 21491dd) timed out in the sweep's 2048-token row
+    at its first round with matmuls between (docs/PERF_NOTES.md, round 53); run 22 had passed it."""
+    print(f"seed={SEED}")
+    launch.spawn(_workers.work_between_worker, WORLD, SEED, tokens, 6, dist_backend=BACKEND, timeout=180 * WORLD * SLOW)
+
+
 def test_contract_suite_with_fused_combine():
     """The fused combine (send and receive in one kernel on the side stream; the default past
     4096 source tokens, forced here for every arena past the combine-overlap limit): the same
