@@ -376,7 +376,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // every token has an expert at each other rank (>= CE_MIN_DENSITY; it sends every token to
   // every other group),
   // and not with CUDA_DEVICE_MAX_CONNECTIONS=1, where its queued flag kernels hold back the
-  // receive (prefill 362 against 264 us, round 15). Used per call for >= CE_MIN_TOKENS tokens.
+  // receive (prefill 362 against 264 us, round 15). Used per call for whole dispatches of
+  // >= CE_MIN_TOKENS tokens (send_op).
   // MOE_BACKEND_NVSHMEM_CE_SEND=0 never, =1 always (any token count and routing density);
   // MOE_BACKEND_NVSHMEM_CE_CHUNKS=k cuts the tokens into k chunks (default CE_CHUNKS).
   {
@@ -744,9 +745,11 @@ static SendIn send_in(const at::Tensor& x, const at::Tensor& ids, const std::opt
           (int)x.size(0)};
 }
 
-at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
-                         const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
-                         int64_t ctx) {
+// whole: the receive follows at once (dispatch_whole), so nothing of the caller's can be queued
+// between the send and the copy-engine send's flag kernels (see ce_send below).
+static at::Tensor send_op(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                          const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                          int64_t ctx, bool whole) {
   Ctx& cx = CX(ctx);
   const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(x.device());
@@ -775,7 +778,14 @@ at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::
   (void)carve;
   Params ps = p;
   const int n_send = in.nptr ? rows : std::max(0, std::min((int)n_host, rows));
-  ps.ce_send = p.ce_send && overlap && (cx.ce_forced || n_send >= CE_MIN_TOKENS);  // needs the receive beside it
+  // The copy-engine send needs the receive beside it, and by default a whole dispatch: its flag
+  // kernels reach the GPU only as their chunks' copies end, behind whatever the caller queued
+  // meanwhile. Between a split send and its receive that may be a kernel that fits no SM beside
+  // the receive's waiting copy blocks (192 KB of shared memory each on every SM past 132 x 16
+  // items): it then waits for the receive, which waits for the flags behind it, on both ranks
+  // (run 39 at EP2: the sweep's 2048-token row with 2048^2 matmuls between timed out; 1024 tokens,
+  // one copy block short of the SMs, passed). The SM send is queued before the caller's work.
+  ps.ce_send = p.ce_send && overlap && (cx.ce_forced || (whole && n_send >= CE_MIN_TOKENS));
   if (ps.ce_send) blocks = std::min(blocks, table_blocks(p));  // the send kernel ships the table only
   const size_t send_smem = p.direct ? direct_send_smem(p) : 0;  // the direct table's masks
   if (p.nvl)
@@ -830,6 +840,12 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
 // A whole dispatch (the Communicator's `dispatch`, no work between send and receive): with the
 // direct receive (nvlink, or put with the tagged table), one dispatch_fused_kernel on the
 // caller's stream; otherwise the send and the receive as separate ops.
+at::Tensor dispatch_send(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                         const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok, int64_t n_host,
+                         int64_t ctx) {
+  return send_op(x, ids, w, scale, ntok, n_host, ctx, false);
+}
+
 std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                                        const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok,
                                        int64_t n_host, int64_t ctx, int64_t in_dtype_code, bool weighted) {
@@ -838,7 +854,7 @@ std::vector<at::Tensor> dispatch_whole(const at::Tensor& x, const at::Tensor& id
   MOE_CHECK(weighted == w.has_value(), "dispatch_whole: weighted must say whether topk_weights is given");
   if (!(p.direct && (p.nvl || p.ll_table) && cx.fused_dispatch && !cx.ce_forced &&
         dtype_code_of(x.scalar_type()) >= 0)) {
-    const at::Tensor dep = dispatch_send(x, ids, w, scale, ntok, n_host, ctx);
+    const at::Tensor dep = send_op(x, ids, w, scale, ntok, n_host, ctx, true);
     return dispatch_recv(dep, ctx, in_dtype_code, weighted);
   }
   c10::cuda::CUDAGuard guard(x.device());

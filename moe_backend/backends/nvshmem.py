@@ -64,13 +64,16 @@ expert row by one bulk store, where rows are 16-byte aligned (`MOE_BACKEND_NVSHM
 stores from registers); the plan kernel reads the per-chunk counts by 16-byte loads where the
 local experts are a multiple of 4 (`MOE_BACKEND_NVSHMEM_PLAN_VEC=0`: 4-byte loads; round 33).
 Copy-engine send (nvlink, overlap on): when nearly every token has an expert on each other
-rank (>= 0.99 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks, not 4) and a call
-sends >= 1024 tokens, the tokens cross by copy-engine copies in 4 chunks, each chunk's flags
+rank (>= 0.99 by the routing's combinatorics: e.g. 256 experts, top-8, 2 ranks, not 4) and a whole
+`dispatch` sends >= 1024 tokens, the tokens cross by copy-engine copies in 4 chunks, each chunk's flags
 raised by a small kernel, instead of by the send kernel's SM stores: the SMs are left to the
 receive (DeepSeek prefill dispatch 263 -> 231 us, docs/PERF_NOTES.md, round 15). Every token then
 crosses to every other group. Off with `CUDA_DEVICE_MAX_CONNECTIONS=1` (one hardware queue:
-the receive would wait behind the chunks). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for
-every call; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
+the receive would wait behind the chunks). Not for a split `dispatch_send` by default: its flag
+kernels start only as the chunks' copies end, behind whatever the caller queued meanwhile, and a
+kernel there that fits no SM beside the receive's waiting copy blocks deadlocked both ranks at
+EP2 (docs/PERF_NOTES.md, run 39 at EP2). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for every
+call, split ones too; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
 (0 < d <= 1, default 1: equal) makes each chunk d times the one before, and
 `MOE_BACKEND_NVSHMEM_CE_STREAMS=k` (1..4, default 1) copies chunk c on stream c % k. It enables peer access to the
 peers' devices (a context on each).

@@ -97,7 +97,8 @@ def test_work_between_send_and_receive_at_prefill_sizes(tokens: int):
     """The benchmark's overlap row as a test: the send on its own stream, 2048^2 matmuls between
     dispatch_send and dispatch_recv, DeepSeek rows at 1024 and 2048 tokens a rank (the copy-engine
     send's sizes). Run 39 (nvidia-h200-x2, main 21491dd) timed out in the sweep's 2048-token row
-    at its first round with matmuls between (docs/PERF_NOTES.md, round 53); run 22 had passed it."""
+    at its first round with matmuls between; since then a split send takes the SM send, never the
+    copy engines, by default (docs/PERF_NOTES.md, "Run 39 at EP2")."""
     print(f"seed={SEED}")
     launch.spawn(_workers.work_between_worker, WORLD, SEED, tokens, 6, dist_backend=BACKEND, timeout=180 * WORLD * SLOW)
 
