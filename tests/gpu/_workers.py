@@ -268,8 +268,13 @@ def contract_tasks_worker() -> None:
     contract_tasks.host_valid_rows("reference")
 
 
-def traced_kernels(step: Callable[..., object], *args: object) -> dict[str, dict[str, Any]]:
-    """The trace arguments (grid, stream, ...) of each latency kernel that `step(*args)` launched."""
+LATENCY_KERNELS = ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel")
+
+
+def traced_kernels(step: Callable[..., object], *args: object,
+                   names: tuple[str, ...] = LATENCY_KERNELS) -> dict[str, dict[str, Any]]:
+    """The trace arguments (grid, stream, ...) of each kernel of `names` (by default the latency
+    kernels) that `step(*args)` launched."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -282,7 +287,7 @@ def traced_kernels(step: Callable[..., object], *args: object) -> dict[str, dict
             events = json.load(f)["traceEvents"]
     kernels: dict[str, dict[str, Any]] = {}
     for event in events:
-        for kernel in ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel"):
+        for kernel in names:
             if event.get("cat") == "kernel" and kernel in event.get("name", ""):
                 kernels[kernel] = event["args"]
     return kernels
@@ -341,30 +346,51 @@ def wide_recv_worker(seed: int, large_calls: int, wide: bool, whole: str | None 
         comm.close()
 
 
+def _whole_dispatch(comm: Communicator, args: tuple[Any, ...], out: list[Any]) -> None:
+    out.append(comm.dispatch(*args))
+
+
+def _send_work_receive(comm: Communicator, args: tuple[Any, ...], a: torch.Tensor, matmuls: int,
+                       out: list[Any]) -> None:
+    pending = comm.dispatch_send(*args)
+    for _ in range(matmuls):
+        torch.mm(a, a)
+    out.append(pending.recv())
+
+
 def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -> None:
     """DeepSeek prefill-sized rows (hidden 7168, top-8 of 256, bf16) with `tokens` a rank, the send
     kernel on its own stream (send_stream=True) and a chain of 2048^2 matmuls between
     dispatch_send and dispatch_recv, as the benchmark's overlap row runs them: each round's rows
-    and counts bit for bit those of a whole dispatch of the same inputs (no wait may time out)."""
+    and counts bit for bit those of a whole dispatch of the same inputs (no wait may time out).
+    The split send never goes by copy engine unless MOE_BACKEND_NVSHMEM_CE_SEND=1 forces it; at
+    EP2 on two GPUs the whole dispatch does (every token has experts on the other rank)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     spec = CommSpec(num_experts=256, topk=8, hidden=7168, max_num_tokens=tokens, world_size=world)
     comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=True)
     dev = comm.device
     a = torch.randn(2048, 2048, device=dev).to(torch.bfloat16)
+    forced = os.environ.get("MOE_BACKEND_NVSHMEM_CE_SEND") == "1"
+    whole_by_ce = world == 2 and not shared_gpu() and os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"
+    flag_kernel = ("ce_flag_kernel",)
     try:
         for s in range(seed, seed + rounds):
             g = make_inputs(Case(spec, "uniform", s, True, "none"))[rank]
-            x, ids, w = g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev)
-            whole = comm.dispatch(x, ids, w, None, g.num_tokens)  # rows past num_tokens are garbage
+            # rows past num_tokens are garbage
+            args = (g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev), None, g.num_tokens)
+            what = f"seed {s}, rank {rank}, {tokens} tokens, {matmuls} matmuls between"
+            out: list[Any] = []
+            by_ce = "ce_flag_kernel" in traced_kernels(_whole_dispatch, comm, args, out, names=flag_kernel)
+            assert by_ce or not whole_by_ce, f"[{what}] the whole dispatch did not send by copy engine"
+            whole = out.pop()
             want_tokens, want_counts = whole.tokens.clone(), whole.tokens_per_expert.clone()
             y = torch.zeros(whole.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev)
             comm.combine(y, whole.handle)
-            pending = comm.dispatch_send(x, ids, w, None, g.num_tokens)
-            for _ in range(matmuls):
-                torch.mm(a, a)
-            got = pending.recv()
+            by_ce = "ce_flag_kernel" in traced_kernels(_send_work_receive, comm, args, a, matmuls, out,
+                                                       names=flag_kernel)
+            assert forced or not by_ce, f"[{what}] a split send went by copy engine"
+            got = out.pop()
             total = int(want_counts.sum())
-            what = f"seed {s}, rank {rank}, {tokens} tokens, {matmuls} matmuls between"
             assert bitwise_equal(got.tokens_per_expert, want_counts), f"[{what}] tokens_per_expert"
             assert bitwise_equal(got.tokens[:total], want_tokens[:total]), f"[{what}] tokens"
             comm.combine(y, got.handle)
