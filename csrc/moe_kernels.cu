@@ -103,10 +103,11 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
-  bool whole_combine = true;  // combine_whole: send and receive on the caller's stream (PDL) where the
-                              // receive would overlap the send (round 36; by default since round 52)
+  // combine_whole: which calls run send and receive on the caller's stream, the receive by PDL,
+  // where the receive would overlap the send (round 36): none, those whose wide receive passes the
+  // side stream's grid (round 53, the default), or every one (round 52's default).
+  enum class Whole { Never, ByCall, Every } whole_combine = Whole::ByCall;
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
-  bool whole_by_call = true;  // the PDL launch only for calls whose wide receive is wider (round 53; =1 every call)
   double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
@@ -401,9 +402,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // calls below it were up to 0.3 us slower that way: 128-token arena at 1 / 32 / 128 tokens
   // 8.4-8.5 / 9.7-9.8 / 12.8 us against 8.5-8.7 / 10.0-10.1 / 12.6-12.9 (every call) and
   // 8.4 / 9.7 / 14.3-14.4 (none). =1: every call by PDL, =0: none.
-  cx->whole_combine = env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true);
-  const char* whole = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE");
-  cx->whole_by_call = !(whole && whole[0] == '1');
+  if (const char* whole = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"))
+    cx->whole_combine = whole[0] == '0' ? Ctx::Whole::Never : whole[0] == '1' ? Ctx::Whole::Every : Ctx::Whole::ByCall;
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
@@ -1128,8 +1128,11 @@ void combine_recv(const at::Tensor& dep, const at::Tensor& ids, const std::optio
 void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep, const at::Tensor& ids,
                    const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor out, int64_t ctx) {
   Ctx& cx = CX(ctx);
-  const bool narrow = cx.whole_by_call && !(cx.wide_recv && wide_recv_blocks(cx, (int)out.size(0)) > cx.grids.comb_recv);
-  if (!(cx.comb_overlap && cx.whole_combine) || narrow) {
+  const bool pdl = cx.comb_overlap &&
+                   (cx.whole_combine == Ctx::Whole::Every ||
+                    (cx.whole_combine == Ctx::Whole::ByCall && cx.wide_recv &&
+                     wide_recv_blocks(cx, (int)out.size(0)) > cx.grids.comb_recv));
+  if (!pdl) {
     const at::Tensor d = combine_send(y, w, dep, ids, ntok, n_host, out, ctx);
     combine_recv(d, ids, ntok, n_host, out, ctx);
     return;
