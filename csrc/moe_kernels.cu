@@ -402,8 +402,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // calls below it were up to 0.3 us slower that way: 128-token arena at 1 / 32 / 128 tokens
   // 8.4-8.5 / 9.7-9.8 / 12.8 us against 8.5-8.7 / 10.0-10.1 / 12.6-12.9 (every call) and
   // 8.4 / 9.7 / 14.3-14.4 (none). =1: every call by PDL, =0: none.
-  if (const char* whole = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE"))
-    cx->whole_combine = whole[0] == '0' ? Ctx::Whole::Never : whole[0] == '1' ? Ctx::Whole::Every : Ctx::Whole::ByCall;
+  // A switch like the others (=0 off); "1", which a switch reads as its default, means every call.
+  const char* whole = std::getenv("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE");
+  cx->whole_combine = !env_switch("MOE_BACKEND_NVSHMEM_WHOLE_COMBINE", true) ? Ctx::Whole::Never
+                      : whole && whole[0] == '1'                                ? Ctx::Whole::Every
+                                                                                : Ctx::Whole::ByCall;
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
