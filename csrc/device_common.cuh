@@ -80,9 +80,11 @@ struct Params {
   int lean_fused;      // the fused dispatch's lean instance serves: the switches it fixes at their defaults
   int small_fused;     // with lean_fused, tagged table: calls of <= NTHREADS / topk rows take the SMALL instance
   int ll_rows;         // direct receive, nvlink: rows in round-tagged words, polled by the receive: no token flag
+  int put_from_x;      // put send, rows without scales: P2P peers' puts straight from x, not staged (round 55)
   int pe[MAXW];
   char* peer[MAXW];  // nvshmem_ptr(sym, pe[r]) (nvlink transport)
-  char pad_args[8];  // the kernel arguments after Params start on a constant-cache line
+  // No padding needed: the 4-byte hole before peer[] ends Params on a 64-byte line (static_assert
+  // below), so the kernel arguments after it start on a constant-cache line.
 };
 constexpr int PARAMS_BASE = 0x210;  // sm_90's first kernel-parameter byte in constant bank 0
 constexpr int PARAMS_HOT_BYTES = offsetof(Params, err_host);  // the hot fields: those before err_host

@@ -106,16 +106,33 @@ __device__ __forceinline__ void dispatch_send_body(const Params& p, const char* 
           st_release_sys(sigp(p, p.peer[__ffsll((long long)m) - 1], sig_token(p, p.group, t)), round);
       }
     } else {
+      uint64_t* sig = reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_token(p, p.group, t)));
+      // A peer that NVSHMEM reaches by P2P stores (nvshmem_ptr non-null) takes its put straight
+      // from x: such a put is the block's own loads and stores, from any device memory, so the
+      // copy into staging (an HBM write, a barrier, a read back) buys nothing there. A peer over
+      // a network transport (IB, EFA) needs a registered source: the symmetric staging. One put
+      // with its signal carries the row only without scales (a second put's data would not be
+      // ordered before the first's signal). Round 55; PUT_FROM_X=0 stages for every peer.
+      unsigned long long staged = mask;
+      if ((LEAN || p.put_from_x) && !p.scale_bytes) {
+        for (unsigned long long m = mask; m; m &= m - 1) {
+          const int r = __ffsll((long long)m) - 1;
+          if (p.peer[r]) {
+            staged &= ~(1ULL << r);
+            nvshmemx_putmem_signal_nbi_block(p.sym + slot_off, xs, p.row_bytes, sig, round, NVSHMEM_SIGNAL_SET, p.pe[r]);
+          }
+        }
+        if (!staged) continue;
+      }
       char* st = p.sym + p.off_stage_disp + (long long)t * p.slot_bytes;
       block_copy(st, xs, p.row_bytes);
       if (p.scale_bytes)
         block_copy(st + aligned_row, reinterpret_cast<const char*>(scale) + (long long)t * p.scale_bytes, p.scale_bytes);
       __syncthreads();
       const int bytes = aligned_row + p.scale_bytes;
-      for (unsigned long long m = mask; m; m &= m - 1)
-        nvshmemx_putmem_signal_nbi_block(p.sym + slot_off, st, bytes,
-                                         reinterpret_cast<uint64_t*>(sigp(p, p.sym, sig_token(p, p.group, t))), round,
-                                         NVSHMEM_SIGNAL_SET, p.pe[__ffsll((long long)m) - 1]);
+      for (unsigned long long m = staged; m; m &= m - 1)
+        nvshmemx_putmem_signal_nbi_block(p.sym + slot_off, st, bytes, sig, round, NVSHMEM_SIGNAL_SET,
+                                         p.pe[__ffsll((long long)m) - 1]);
     }
   }
 }

@@ -331,6 +331,9 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   }
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
+  // Round 55: the put send's rows without scales go from x to P2P peers, unstaged (=0 stages
+  // every row, as before).
+  p->put_from_x = env_switch("MOE_BACKEND_NVSHMEM_PUT_FROM_X", true) ? 1 : 0;
   // Round 37: the direct receive's items warp-major over the grid (a token's pieces on as many
   // SMs, the table blocks' items last); =0 gives block b the items 16b..16b+15 (one token's
   // pieces on one SM, behind the table's write at 1 token).
@@ -340,7 +343,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // local experts fit one a thread (L <= NTHREADS: the offsets' scan has one form); =0 keeps the
   // general ones.
   p->lean_fused = p->token_release && p->entry_release && p->entry_last && p->item_spread && p->table_prefetch &&
-                          p->par_scan && p->L <= NTHREADS && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
+                          p->par_scan && p->put_from_x && p->L <= NTHREADS && env_switch("MOE_BACKEND_NVSHMEM_LEAN_FUSED", true)
                       ? 1
                       : 0;
   // Round 43: where lean, a call whose x has at most NTHREADS / topk rows takes the SMALL instance

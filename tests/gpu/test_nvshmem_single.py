@@ -96,7 +96,9 @@ def _overlap_env(on: str) -> dict[str, str]:
 # "self-send*": the send ships the own group's tokens into the slots and raises their flags, and
 # the receive waits for the flags and reads the slots, as for another rank's tokens
 # (SELF_SEND=1), so one GPU runs the dispatch's cross-rank path: with the defaults, with the
-# untagged table, two kernels and register copies, and with the copy-engine send.
+# untagged table, two kernels and register copies, and with the copy-engine send;
+# "self-send-staged-put": put's rows staged for every peer, as before round 55 (PUT_FROM_X=0; by
+# default a row without scales goes to a P2P peer straight from x).
 # "tagged-rows*": with SELF_SEND, the rows in round-tagged words the receive polls, no token flag
 # (round 38; nvlink's direct receive), fused and split, in every arena with room for them
 # (LL_ROWS=4096; by default since round 51 arenas of at most 32 tokens); "self-send-untagged-rows":
@@ -124,6 +126,7 @@ VARIANTS = {
     "self-send-untagged": {**SELF_SEND, **{f"MOE_BACKEND_NVSHMEM_{k}": "0"
                                            for k in ("LL_TABLE", "FUSED_DISPATCH", "COPY_BULK")}},
     "self-send-copy-engine": {**SELF_SEND, **_overlap_env("1"), "MOE_BACKEND_NVSHMEM_CE_SEND": "1"},
+    "self-send-staged-put": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_PUT_FROM_X": "0"},
     "tagged-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "4096"},
     "tagged-rows-split": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_LL_ROWS": "4096",
                           "MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
