@@ -222,6 +222,24 @@ def _self_send_worker(seed: int, self_send: bool, ll_rows: str) -> None:
                 comm.close()
 
 
+def _work_between_worker(seed: int, env: dict[str, str]) -> None:
+    os.environ.update(env)  # read when an arena is created
+    _workers.work_between_worker(seed, 4096, 6)
+
+
+@pytest.mark.parametrize("copy_engine", [False, True])
+def test_work_between_send_and_receive_on_one_gpu(copy_engine: bool) -> None:
+    """The sweep's overlap row (the send on its own stream, 2048^2 matmuls between dispatch_send
+    and dispatch_recv; run 39 timed out at EP2 with 2048 tokens a rank, G*M = 4096 source tokens)
+    on the cross-rank path of one GPU (SELF_SEND) at the same G*M = 4096, where the receive's copy
+    takes a work counter and bulk copies on every SM: the default split send, and the copy-engine
+    send forced (CE_SEND=1), whose flag kernels reach the GPU behind their chunks' copies. Rows and
+    counts bit for bit a whole dispatch's, no wait timed out."""
+    print(f"seed={SEED}")
+    env = {**SELF_SEND, **({"MOE_BACKEND_NVSHMEM_CE_SEND": "1"} if copy_engine else {})}
+    launch.spawn(_work_between_worker, 1, SEED, env, dist_backend="nccl", timeout=300)
+
+
 @pytest.mark.parametrize(("self_send", "ll_rows"), [(True, "32"), (True, "0"), (False, "32")])
 def test_self_send_goes_through_the_slots(self_send: bool, ll_rows: str) -> None:
     """SELF_SEND=1 puts the own tokens' rows into the slots and raises their flags (round 1), on
