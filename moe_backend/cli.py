@@ -1,4 +1,4 @@
-"""`moe-backend`: info, bench, selftest, train, train-bench and layer-bench.
+"""`moe-backend`: info, bench, compare, selftest, train, train-bench and layer-bench.
 
 `bench` and `selftest` start their own local processes (gloo on CPU, NCCL when there is a
 GPU per rank) unless already running under torchrun, in which case they use its ranks.
@@ -21,7 +21,8 @@ import torch.distributed as dist
 from . import bench as benchmod
 from . import latency_floor, sm_ceilings
 from .backends import nvshmem_available
-from .cli_args import nonnegative_int, positive_int
+from .bench_compare import WHOLE_OPS, BenchCompareError, compare, format_comparison
+from .cli_args import nonnegative_float, nonnegative_int, positive_int
 from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import run_everywhere, under_torchrun
 
@@ -161,6 +162,17 @@ def selftest_tp_sizes(requested: list[int] | None, world: int) -> list[int]:
     return requested
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Exit 0: nothing slower; 1: some median slower past both limits; 2: a bad file."""
+    try:
+        cmp = compare(args.old, args.new, tuple(args.phases))
+    except BenchCompareError as err:
+        print(f"moe-backend compare: {err}", file=sys.stderr)
+        return 2
+    print(format_comparison(cmp, args.tolerance, args.min_us))
+    return 1 if cmp.slower(args.tolerance, args.min_us) else 0
+
+
 def cmd_selftest(args: argparse.Namespace) -> int:
     require_backend(args.backend)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else args.world_size
@@ -197,6 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time nvshmem-nvlink with its kernels sized for only N SMs (rows nvshmem-nvlink-<N>sm), "
                         "and measure what N SMs can load, store and store over NVLink")
     b.set_defaults(fn=cmd_bench)
+
+    c = sub.add_parser("compare", help="two bench JSON files side by side; exit 1 if a median got slower")
+    c.add_argument("old", help="the baseline: a `bench --out` file")
+    c.add_argument("new", help="the run to check against it")
+    c.add_argument("--phases", nargs="+", default=list(WHOLE_OPS), metavar="PHASE",
+                   help="phases to compare (default: the whole ops, dispatch combine; also e.g. combine_recv)")
+    c.add_argument("--tolerance", type=nonnegative_float, default=0.03,
+                   help="slower means more than this fraction of the old median (default 0.03) ...")
+    c.add_argument("--min-us", type=nonnegative_float, default=1.0,
+                   help="... and more than this many microseconds (default 1.0)")
+    c.set_defaults(fn=cmd_compare)
 
     s = sub.add_parser("selftest", help="run the contract checks across processes")
     s.add_argument("--backend", default="auto", choices=["auto", "reference", "nvshmem"])

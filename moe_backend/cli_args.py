@@ -20,6 +20,16 @@ def nonnegative_int(text: str) -> int:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
