@@ -721,10 +721,17 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
 
 // The fused combine (send items, then receive items; prefill-sized arenas): its parameters by
 // value, as before round 48. __grid_constant__ ones cost it 19 us at world size 1 (prefill, the
-// whole GPU: 173.0 -> 192.1 us, run 41 calls 1-2, with near-identical SASS in its loops).
+// whole GPU: 173.0 -> 192.1 us, run 41 calls 1-2, with near-identical SASS in its loops); a
+// MOE_BACKEND_FUSED_GRID_CONSTANT=1 build (csrc/build.py) has them again, to find out why.
+#ifdef MOE_FUSED_GRID_CONSTANT
+#define MOE_FUSED_PARAM const __grid_constant__
+#else
+#define MOE_FUSED_PARAM
+#endif
 template <bool NVL, typename TY, typename TX, int N, int LOADS>
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
-    combine_fused_kernel(Params p, const TY* __restrict__ y, const float* __restrict__ w, RecvArgs<TY> ra) {
+    combine_fused_kernel(MOE_FUSED_PARAM Params p, const TY* __restrict__ y, const float* __restrict__ w,
+                         MOE_FUSED_PARAM RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   combine_send_body<NVL, TY, TX, N, true, LOADS, false>(p, y, w, ra);
   stamp_exit(ST_CSEND);
