@@ -94,8 +94,13 @@ def format_comparison(cmp: Comparison, tolerance: float, min_us: float) -> str:
         lines.append(f"{preset:18} {backend:22} {tokens:>6} {c.phase:14} {c.old_us:9.1f} {c.new_us:9.1f} "
                      f"{c.ratio:7.3f}{mark}")
     for label, keys in (("only in the old file", cmp.only_old), ("only in the new file", cmp.only_new)):
-        for preset, spec, backend, tokens in keys:
-            lines.append(f"{label}: {preset} ({spec}) {backend} {tokens} tokens")
+        by_shape: dict[tuple[str, str], list[RowKey]] = {}
+        for k in keys:
+            by_shape.setdefault(k[:2], []).append(k)
+        for (preset, spec), ks in by_shape.items():
+            backends = ", ".join(dict.fromkeys(k[2] for k in ks))
+            tokens = ", ".join(str(t) for t in sorted({k[3] for k in ks}))
+            lines.append(f"{label}: {preset} ({spec}): {len(ks)} rows, {backends} at {tokens} tokens")
     n = len(cmp.slower(tolerance, min_us))
     lines.append(f"{n} of {len(cmp.changes)} medians slower by more than {tolerance:.0%} and {min_us:g} us")
     return "\n".join(lines)

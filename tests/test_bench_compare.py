@@ -37,6 +37,19 @@ def test_round_56_files_read_as_the_fused_combine_faster_and_the_reverse_as_slow
     assert len(slower) == 1 and " combine " in slower[0] and "nvshmem " in slower[0]
 
 
+def test_run_22_against_run_39_flags_the_prefill_combine_that_round_56_found(capsys) -> None:
+    """The EP2 records before and after round 48: the gate names the two prefill combines that
+    got slower (nvlink 222.1 -> 244.2 us, put 265.6 -> 281.8) and nothing else of the prefill."""
+    results = RUN41.parent.parent
+    old = results / "2026-12-01-run22/call4/run22/bench.json"
+    new = results / "2026-12-04-run39-x2/call1/deepseek_prefill.json"
+    slower = compare(old, new).slower(0.03, 1.0)
+    assert sorted((c.row[2], c.phase) for c in slower) == [("nvshmem-nvlink", "combine"), ("nvshmem-put", "combine")]
+    assert cli.main(["compare", str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "only in the old file: deepseek-decode" in out  # run 39's file holds the prefill preset only
+
+
 def test_slower_needs_both_the_fraction_and_the_microseconds(tmp_path: Path) -> None:
     old = _bench_file(tmp_path / "old.json", {("nvshmem", 1): {"dispatch": 10.0, "combine": 100.0}})
     new = _bench_file(tmp_path / "new.json", {("nvshmem", 1): {"dispatch": 10.5, "combine": 102.0}})

@@ -1,9 +1,10 @@
 #!/bin/bash
-# Run 40 on `nvidia-h200-x2`, call 1 (`fromx`: main's kernels, round 55): at EP2 on two GPUs,
+# Run 40 on `nvidia-h200-x2`, call 1 (`fromx`: main's kernels, rounds 55-56): at EP2 on two GPUs,
 # first the tests of rounds 54-55 (the work-between test by default, then with the copy-engine
 # send forced, which run 39's analysis predicts to time out at 2048 tokens, and with it the
 # register copy, predicted to pass; the contract suite on both transports), then the decode and
-# prefill record with 24-SM rows, then the sweep with its plot (call 2: the prefill A/B).
+# prefill record with 24-SM rows (compared with run 39's), then the sweep with its plot (call 2:
+# the prefill A/B).
 # Summaries on stdout; logs packed into call.tgz after each step (what ran comes back on a time-out).
 set -u
 raw=$OUT/raw; mkdir -p $raw
@@ -25,6 +26,9 @@ for preset in deepseek_decode deepseek_prefill; do
   timeout 110 python3 -m moe_backend.cli bench --config $preset --backend all --sms 24 --world-size 2 \
     --out "$OUT/$preset.json" > "$raw/$preset.log" 2>&1
   echo "$preset rc $? at $(( $(date +%s) - T0 )) s"; grep -vE "^\s*$" "$raw/$preset.log" | tail -14
+  # against run 39's record (same commands): SLOWER marks a whole op slower by > 3% and > 1 us
+  python3 -m moe_backend.cli compare results/gpu/2026-12-04-run39-x2/call1/$preset.json "$OUT/$preset.json" \
+    | tee "$raw/compare_$preset.txt"
 done
 pack
 timeout 150 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
