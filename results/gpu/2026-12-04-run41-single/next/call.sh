@@ -6,7 +6,8 @@
 # and run `bash call.sh` carrying .commit and .devso. Prefill at world size 1, fused combine forced:
 # both builds timed alternately and compared (`moe-backend compare`), then `ncu` of one fused
 # kernel launch of each (speed of light, warp states, source counters, instruction and L1/icache
-# stats) with the details page and scripts/ncu_groups.py's loop groups and stretches.
+# stats) with the details page and scripts/ncu_groups.py's loop groups and stretches; then the
+# fused combine below its threshold at world size 1 (default against COMBINE_FUSED=1).
 set -u
 raw=$OUT/raw; mkdir -p $raw /tmp/w
 for f in .devso/*.so.gz; do gunzip -f $f; done
@@ -37,4 +38,11 @@ for b in fromx gcfused; do
   python3 scripts/ncu_groups.py $raw/${b}_sass.csv.gz --runs --top 12 > $raw/groups_$b.txt 2>&1
   grep -E "Duration|Issue Slots Busy|No Instruction|Stall|L1/TEX Hit|Registers Per|Achieved Occupancy" $raw/details_$b.txt | head -30
 done
+# The fused combine below its threshold at world size 1 (arenas of 2048 and 4096 tokens, the
+# two-kernel combine's by default): default against COMBINE_FUSED=1, alternately twice, main's build.
+cp .devso/fromx.so $so
+env -u MOE_BACKEND_NVSHMEM_COMBINE_FUSED AB_BENCH_ARGS="--world-size 1 --num-tokens 2048 4096" timeout 200 \
+  bash scripts/gpu_ab_bench.sh $raw/ab_fused_each results/gpu/2026-12-04-run40-x2/call2/prefill_each.yaml \
+  base MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1 base MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1 > $raw/ab_fused_each.log 2>&1
+echo "ab fused per arena rc $? at $(( $(date +%s) - T0 )) s"; cat $raw/ab_fused_each/ab.txt
 tar czf $OUT/call.tgz -C $raw .
