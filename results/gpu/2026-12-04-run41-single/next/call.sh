@@ -16,14 +16,12 @@ export MOE_BACKEND_NVSHMEM_COMBINE_FUSED=1
 T0=$(date +%s)
 source scripts/gpu_env.sh > /dev/null 2>&1
 so=moe_backend/_C.cpython-312-x86_64-linux-gnu.so
-bench() {  # build label
-  cp .devso/$1.so $so
-  timeout 60 python3 -m moe_backend.cli bench --config deepseek_prefill --backend nvshmem --world-size 1 --iters 100 \
-    --out $raw/$2.json > $raw/$2.log 2>&1
-  echo "$2 rc $? at $(( $(date +%s) - T0 )) s: $(grep -E '^nvshmem ' $raw/$2.log)"
-}
-bench fromx byvalue1; bench gcfused gc1; bench fromx byvalue2; bench gcfused gc2
-python3 -m moe_backend.cli compare $raw/byvalue1.json $raw/gc1.json --phases combine combine_recv | tee $raw/compare.txt
+# Both builds alternately twice by the A/B script (a variant naming a carried build runs on it).
+AB_BENCH_ARGS="--world-size 1 --iters 100" timeout 200 bash scripts/gpu_ab_bench.sh $raw/ab deepseek_prefill \
+  MOE_BACKEND_DEVSO=fromx MOE_BACKEND_DEVSO=gcfused MOE_BACKEND_DEVSO=fromx MOE_BACKEND_DEVSO=gcfused > $raw/ab.log 2>&1
+echo "ab rc $? at $(( $(date +%s) - T0 )) s"; cat $raw/ab/ab.txt
+python3 -m moe_backend.cli compare $raw/ab/bench_1_MOE_BACKEND_DEVSO_fromx.json $raw/ab/bench_2_MOE_BACKEND_DEVSO_gcfused.json \
+  --phases combine combine_recv | tee $raw/compare.txt
 tar czf $OUT/call.tgz -C $raw .
 for b in fromx gcfused; do
   cp .devso/$b.so $so
