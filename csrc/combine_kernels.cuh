@@ -785,20 +785,24 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
-    // Every slice flag of every holding rank (the sender's slices need not match ours); tagged
-    // partials have none: their words are polled as they are summed.
+    // Every slice flag of every holding rank (the sender's slices need not match ours), the
+    // warp waiting as one (wait_flags_warp: the same loop trips in every lane); tagged partials
+    // have none: their words are polled as they are summed.
     if constexpr (!TAGGED) {
 #pragma unroll 1
-      for (int q = lane; q < p.W * S; q += 32) {
-        const int r = q / S;
-        if ((mask >> r) & 1) wait_flag(p, sigp(p, p.sym, sig_comb(p, r, t, q % S, S)), round, PH_COMBINE_RECV, r);
+      for (int q0 = 0; q0 < p.W * S; q0 += 32) {
+        const int q = q0 + lane, r = q / S;
+        const bool need = q < p.W * S && ((mask >> r) & 1);
+        wait_flags_warp(p, need ? sigp(p, p.sym, sig_comb(p, r, t, q % S, S)) : nullptr, round, PH_COMBINE_RECV, r);
       }
     }
-#pragma unroll 1
-    for (int r = lane; r < p.W; r += 32)
-      if ((mask >> r) & 1)
+#pragma unroll
+    for (int j = 0; j < MAXW / 32; ++j) {  // a lane's ranks lane, lane + 32: no loop a lane could leave early
+      const int r = lane + 32 * j;
+      if (r < p.W && ((mask >> r) & 1))
         sh_src[__popcll(mask & ((1ULL << r) - 1))] = reinterpret_cast<const TX*>(
             p.sym + (TAGGED ? comb_tagged_off(p, r, t) : p.off_comb + ((long long)r * M + t) * p.part_bytes));
+    }
     __syncwarp();
     const int nr = __popcll(mask);
     int h0, h1;

@@ -398,6 +398,32 @@ __device__ bool wait_flag(const Params& p, const unsigned long long* flag, unsig
   return bounded_poll(p, [&] { return ld_acquire_sys(flag) >= need; }, phase, peer, round ? round : need);
 }
 
+// The whole warp waits until every lane's flag (nullptr: none) is >= need, its control flow
+// the same in every lane (each loop's exit a warp vote), so no lane leaves it before the others
+// and the code after it runs as one warp. Per-lane polls (wait_flag in a loop over the lane's
+// flags) let ptxas leave the combine receive's warps split, lane 0 apart from lanes 1-31, through
+// the sums after them: twice the warp instructions in one build (run 42, docs/PERF_NOTES.md).
+// False on timeout (recorded by a lane still waiting, with its peer) or an earlier error.
+__device__ __forceinline__ bool wait_flags_warp(const Params& p, const unsigned long long* flag,
+                                                unsigned long long need, int phase, int peer) {
+  bool ready = flag == nullptr || ld_acquire_sys(flag) >= need;
+  if (__all_sync(0xffffffffu, ready)) return true;
+  const unsigned long long deadline = __shfl_sync(0xffffffffu, gtimer(), 0) + (unsigned long long)p.timeout_ns;
+  for (unsigned i = 1;; ++i) {
+    if (!ready) ready = ld_acquire_sys(flag) >= need;
+    if (__all_sync(0xffffffffu, ready)) return true;
+    if ((i & 31) == 0) {
+      if (__any_sync(0xffffffffu, *(volatile unsigned long long*)&p.state[4] != 0)) return false;
+      const bool late = __shfl_sync(0xffffffffu, gtimer(), 0) > deadline;
+      if (late) {  // the same in every lane (lane 0's clock)
+        const unsigned waiting = __ballot_sync(0xffffffffu, !ready);
+        if ((threadIdx.x & 31) == __ffs(waiting) - 1) report_error(p, phase, peer, need);
+        return false;
+      }
+    }
+  }
+}
+
 // Bounded poll of a round-tagged word (8 bytes) or pair of words (16 bytes) at src, starting
 // from a load `v` already made, until it carries this round (both words of a pair); the word
 // as loaded, or whatever it holds after a timeout (recorded like wait_flag's) or an earlier

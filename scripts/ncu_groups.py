@@ -16,10 +16,16 @@ instruction: executions, stall samples per reason) and prints:
    warps that ran any of them, their `stall_no_inst` samples (waiting for an instruction), and
    the gap jumped over to reach them. On a kernel's first pass each jump of 1 KB or more costs
    its warp ~0.15-0.2 us (scripts/step_costs.py, jumps_*), so the stretches a warp's path
-   crosses tell what its instruction fetches cost (docs/PERF_NOTES.md, round 42).
+   crosses tell what its instruction fetches cost (docs/PERF_NOTES.md, round 42);
+6. with --split, the loops run by split warps: stretches whose instructions ran many times with
+   at most --split-threads threads on average (a warp whose lanes left a branch in two groups
+   runs the code after it twice, each group on its own, until a point the compiler made them
+   meet: run 42 found the fused combine's receive loop run by lane 0 and lanes 1-31 apart in a
+   build with __grid_constant__ parameters, twice the warp instructions). Code that only some
+   lanes take on purpose shows up too; the loops are the ones to read.
 
     python3 scripts/ncu_groups.py KERNEL_sass.csv[.gz] [--groups 12] [--top 20]
-                                  [--duration-us US --warps N] [--runs]
+                                  [--duration-us US --warps N] [--runs] [--split]
 """
 from __future__ import annotations
 
@@ -47,7 +53,10 @@ def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     start = next((i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r), None)
     if start is None:
         raise SystemExit(f"{path}: no header with 'Address' and 'Instructions Executed' (not an ncu source CSV?)")
-    return rows[start], rows[start + 1:]
+    header, body = rows[start], rows[start + 1:]
+    # An export of several kernel launches repeats "Kernel Name" and the header: the first one's rows.
+    end = next((i for i, r in enumerate(body) if len(r) < len(header)), len(body))
+    return header, body[:end]
 
 
 def main() -> None:
@@ -58,6 +67,9 @@ def main() -> None:
     ap.add_argument("--duration-us", type=float, help="the kernel's duration (ncu's Duration), for warp-time")
     ap.add_argument("--warps", type=int, help="the kernel's warps (grid x block / 32), for warp-time")
     ap.add_argument("--runs", action="store_true", help="print the stretches of code the kernel ran")
+    ap.add_argument("--split", action="store_true", help="print the stretches most run by partial warps")
+    ap.add_argument("--split-threads", type=float, default=24.0,
+                    help="--split: a stretch whose average threads a run is at most this counts (default 24)")
     args = ap.parse_args()
     header, rows = read_rows(args.csv)
     col = {name: i for i, name in enumerate(header)}
@@ -72,6 +84,8 @@ def main() -> None:
     for count, n in sorted(by_count.items(), key=lambda kv: -kv[0] * kv[1])[: args.groups]:
         print(f"  {count:>12,.0f} x {n:5d} = {count * n / 1e6:7.2f}M")
 
+    if args.split:
+        print_split(split_stretches(rows, col, args.split_threads), total)
     if samples is None or not reasons:
         return
     stall_sum = {header[i]: sum(_num(r[i]) for r in rows) for i in reasons}
@@ -148,6 +162,42 @@ def print_code_runs(runs: list[dict[str, int]]) -> None:
     for r in runs:
         print(f"  {r['start']:#10x} {r['end']:#10x} {r['instructions']:7d} {r['warps']:8d} {r['no_inst']:8d}"
               f" {r['gap']:8d}")
+
+
+def split_stretches(rows: list[list[str]], col: dict[str, int], max_threads: float) -> list[dict[str, float]]:
+    """Stretches of consecutive instructions with one execution count and an average of at most
+    max_threads threads a run: start, end (bytes from the kernel's first instruction), runs,
+    instructions, average threads, and the warp instructions above what full warps would have
+    issued for the same thread instructions (`extra`)."""
+    threads_col = col.get("Thread Instructions Executed")
+    if threads_col is None or not rows:
+        raise SystemExit("--split needs the 'Thread Instructions Executed' column (ncu's SourceCounters section)")
+    base = int(rows[0][col["Address"]], 16)
+    out: list[dict[str, float]] = []
+    for r in rows:
+        ran, threads = _num(r[col["Instructions Executed"]]), _num(r[threads_col])
+        if not ran or threads / ran > max_threads:
+            continue
+        at = int(r[col["Address"]], 16) - base
+        extra = ran - threads / 32
+        last = out[-1] if out else None
+        if last and at == last["end"] + 16 and ran == last["runs"]:
+            last.update(end=at, instructions=last["instructions"] + 1, threads=last["threads"] + threads,
+                        extra=last["extra"] + extra)
+        else:
+            out.append({"start": at, "end": at, "runs": ran, "instructions": 1, "threads": threads, "extra": extra})
+    return out
+
+
+def print_split(stretches: list[dict[str, float]], total: float, top: int = 12) -> None:
+    extra = sum(s["extra"] for s in stretches)
+    print(f"split warps: {extra / 1e6:.2f}M warp instructions ({100 * extra / (total or 1):.1f}%) above full warps"
+          " in stretches run with few threads")
+    print("       start        end       runs  instrs  threads  extra")
+    for s in sorted(stretches, key=lambda s: -s["extra"])[:top]:
+        avg = s["threads"] / (s["runs"] * s["instructions"])
+        print(f"  {int(s['start']):#10x} {int(s['end']):#10x} {s['runs']:>10,.0f} {int(s['instructions']):7d}"
+              f" {avg:8.1f} {s['extra'] / 1e6:5.2f}M")
 
 
 if __name__ == "__main__":

@@ -86,3 +86,37 @@ def test_runs_are_the_stretches_of_code_that_ran(tmp_path: Path) -> None:
     # start, end, instructions, warps, no_inst, gap of each stretch
     assert table == ["0x0", "0x20", "3", "64", "4", "0", "0x600", "0x610", "2", "32", "5", "1488",
                      "0x720", "0x720", "1", "2", "2", "256"]
+
+
+def test_split_finds_a_loop_run_by_two_groups_of_a_warp(tmp_path: Path) -> None:
+    """A loop body that a warp ran as lane 0 and lanes 1-31 apart (16 threads a run on average)
+    is reported with the warp instructions it cost above full warps; code run by full warps, or
+    run once by one lane, ranks below it. A second kernel's rows in the export are left out."""
+    header = ["Address", "Source", "Instructions Executed", "Thread Instructions Executed"]
+    rows = [["0x100", "LDC R1", "64", "2048"],           # full warps
+            ["0x110", "@P0 BRA 0x200", "64", "64"],      # one lane a warp, once
+            ["0x120", "LD.E.128 R4", "1000", "16000"],   # the split loop: 1000 runs x 16 threads
+            ["0x130", "FADD R1", "1000", "16000"],
+            ["0x140", "EXIT", "64", "2048"]]
+    lines = ['"Kernel Name","void k()"', ",".join(f'"{h}"' for h in header)]
+    lines += [",".join(f'"{c}"' for c in r) for r in rows]
+    lines += ['"Kernel Name","void other()"', ",".join(f'"{h}"' for h in header), '"0x0","NOP","9","9"']
+    path = tmp_path / "k_sass.csv"
+    path.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, str(SCRIPT), str(path), "--split"], check=True, capture_output=True,
+                         text=True).stdout
+    assert ", 5 instructions in the kernel" in out  # the second kernel's NOP not read
+    split = out.split("split warps:")[1].splitlines()
+    # 2 x (1000 - 500) + (64 - 2) = 1062 warp instructions above full warps, of 2192
+    assert split[0].startswith(" 0.00M warp instructions (48.4%)")
+    # offsets from the kernel's first instruction (0x100)
+    assert "0x20" in split[2] and "0x30" in split[2] and "1,000" in split[2] and "16.0" in split[2]
+    assert "0x10" in split[3] and " 1.0" in split[3]
+    assert len(split) == 4
+
+
+def test_split_needs_the_thread_counts(tmp_path: Path) -> None:
+    csv_path = tmp_path / "k_sass.csv"
+    _write(csv_path, [["0x10", "FADD R1, R2, R3", "1", "100", "0", "1", "0"]])
+    res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--split"], capture_output=True, text=True)
+    assert res.returncode != 0 and "Thread Instructions Executed" in res.stderr

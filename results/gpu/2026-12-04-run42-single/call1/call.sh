@@ -1,8 +1,8 @@
 #!/bin/bash
-# Prepared in run 41 for the next one-GPU lease (not yet run): why round 48's __grid_constant__
+# Run 42, call 1 (one H200; prepared in run 41): why round 48's __grid_constant__
 # parameters cost the fused combine 19 us (docs/PERF_NOTES.md, round 56). Build here first:
 #   scripts/build_device_extension.sh fromx && scripts/build_device_extension.sh gcfused MOE_BACKEND_FUSED_GRID_CONSTANT=1
-#   gzip -f .devso/*.so; git rev-parse --short HEAD > .commit; cp results/gpu/2026-12-04-run41-single/next/call.sh call.sh
+#   gzip -f .devso/*.so; git rev-parse --short HEAD > .commit; cp results/gpu/2026-12-04-run42-single/call1/call.sh call.sh
 # and run `bash call.sh` carrying .commit and .devso. Prefill at world size 1, fused combine forced:
 # both builds timed alternately and compared (`moe-backend compare`), then `ncu` of one fused
 # kernel launch of each (speed of light, warp states, source counters, instruction and L1/icache
