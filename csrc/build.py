@@ -81,8 +81,6 @@ def extensions():
     ]
     if os.environ.get("MOE_BACKEND_STAMPS") == "1":  # the diagnostic timeline stamps (kernel_timeline.py)
         nvcc.append("-DMOE_STAMPS")
-    if os.environ.get("MOE_BACKEND_FUSED_GRID_CONSTANT") == "1":  # diagnostic: round 48's fused parameters
-        nvcc.append("-DMOE_FUSED_GRID_CONSTANT")
     # libcuda is absent on CPU-only build machines: link against the toolkit's stub (same soname).
     stub_dir = os.path.join(cuda_home or "", "lib64", "stubs")
     import ctypes.util

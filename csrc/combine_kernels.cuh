@@ -721,19 +721,17 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
   stamp_exit(ST_CSEND);
 }
 
-// The fused combine (send items, then receive items; prefill-sized arenas): its parameters by
-// value, as before round 48. __grid_constant__ ones cost it 19 us at world size 1 (prefill, the
-// whole GPU: 173.0 -> 192.1 us, run 41 calls 1-2, with near-identical SASS in its loops); a
-// MOE_BACKEND_FUSED_GRID_CONSTANT=1 build (csrc/build.py) has them again, to find out why.
-#ifdef MOE_FUSED_GRID_CONSTANT
-#define MOE_FUSED_PARAM const __grid_constant__
-#else
-#define MOE_FUSED_PARAM
-#endif
+// The fused combine (send items, then receive items; prefill-sized arenas). Its parameters are
+// __grid_constant__ like the other kernels'. Rounds 48-56 found them 19 us slower here (192 vs 173
+// us at world size 1, prefill) and took them by value; run 42 found why: in that build ptxas left
+// each receive warp split (lane 0 apart from lanes 1-31, after lane 0's flag poll) through the
+// item's sums, so they ran twice. The receive now waits as a whole warp (wait_flags_warp), and
+// with __grid_constant__ the kernel takes 173.3-173.5 us (by value 173.8-173.9, run 42 call 2).
+// Its own kernel (round 56), without warm_param_lines: the form measured.
 template <bool NVL, typename TY, typename TX, int N, int LOADS>
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
-    combine_fused_kernel(MOE_FUSED_PARAM Params p, const TY* __restrict__ y, const float* __restrict__ w,
-                         MOE_FUSED_PARAM RecvArgs<TY> ra) {
+    combine_fused_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
+                         const __grid_constant__ RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
   combine_send_body<NVL, TY, TX, N, true, LOADS, false>(p, y, w, ra);
   stamp_exit(ST_CSEND);
