@@ -783,15 +783,21 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     unsigned lo = __reduce_or_sync(0xffffffffu, (unsigned)(mask & 0xffffffffu));
     unsigned hi = __reduce_or_sync(0xffffffffu, (unsigned)(mask >> 32));
     mask = ((unsigned long long)hi << 32) | lo;
-    // Every slice flag of every holding rank (the sender's slices need not match ours), the
-    // warp waiting as one (wait_flags_warp: the same loop trips in every lane); tagged partials
-    // have none: their words are polled as they are summed.
+    // The flags of the holding ranks' partials, the warp waiting as one (wait_flags_warp: the
+    // same loop trips in every lane). The send cuts a partial into the call's S slices by steps
+    // of its output dtype's chunks (TO's); where the partial's dtype has the same chunks, the
+    // sender's slice sl is exactly this item's range: one flag a rank. Otherwise (float32
+    // partials of 16-bit outputs) every slice flag of every holding rank. Tagged partials have
+    // none: their words are polled as they are summed.
     if constexpr (!TAGGED) {
+      constexpr bool same_slices = chunks_per_step<TX, N>() == chunks_per_step<TO, N>();
+      const int nq = same_slices ? p.W : p.W * S;
 #pragma unroll 1
-      for (int q0 = 0; q0 < p.W * S; q0 += 32) {
-        const int q = q0 + lane, r = q / S;
-        const bool need = q < p.W * S && ((mask >> r) & 1);
-        wait_flags_warp(p, need ? sigp(p, p.sym, sig_comb(p, r, t, q % S, S)) : nullptr, round, PH_COMBINE_RECV, r);
+      for (int q0 = 0; q0 < nq; q0 += 32) {
+        const int q = q0 + lane, r = same_slices ? q : q / S;
+        const bool need = q < nq && ((mask >> r) & 1);
+        wait_flags_warp(p, need ? sigp(p, p.sym, sig_comb(p, r, t, same_slices ? sl : q % S, S)) : nullptr, round,
+                        PH_COMBINE_RECV, r);
       }
     }
 #pragma unroll
