@@ -71,9 +71,18 @@ def load_medians(path: str | Path) -> dict[RowKey, dict[str, float]]:
     return rows
 
 
-def compare(old_path: str | Path, new_path: str | Path, phases: tuple[str, ...] = WHOLE_OPS) -> Comparison:
-    """The named phases of every row both files hold (a phase either row lacks is skipped)."""
+def compare(old_path: str | Path, new_path: str | Path, phases: tuple[str, ...] = WHOLE_OPS,
+            backends: tuple[str, ...] | None = None) -> Comparison:
+    """The named phases of every row both files hold (a phase either row lacks is skipped), of
+    the named backends only when `backends` is given (the reference backend's millisecond rows
+    vary by tens of percent from run to run: a kernel A/B leaves them out)."""
     old, new = load_medians(old_path), load_medians(new_path)
+    if backends is not None:
+        old = {k: v for k, v in old.items() if k[2] in backends}
+        new = {k: v for k, v in new.items() if k[2] in backends}
+        if not old or not new:
+            raise BenchCompareError(f"no row of backend {', '.join(backends)} in "
+                                    f"{old_path if not old else new_path}")
     common = [k for k in old if k in new]
     if not common:
         raise BenchCompareError(f"{old_path} and {new_path} share no (preset, shape, backend, tokens) row")

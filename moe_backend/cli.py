@@ -165,7 +165,7 @@ def selftest_tp_sizes(requested: list[int] | None, world: int) -> list[int]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Exit 0: nothing slower; 1: some median slower past both limits; 2: a bad file."""
     try:
-        cmp = compare(args.old, args.new, tuple(args.phases))
+        cmp = compare(args.old, args.new, tuple(args.phases), tuple(args.backends) if args.backends else None)
     except BenchCompareError as err:
         print(f"moe-backend compare: {err}", file=sys.stderr)
         return 2
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("new", help="the run to check against it")
     c.add_argument("--phases", nargs="+", default=list(WHOLE_OPS), metavar="PHASE",
                    help="phases to compare (default: the whole ops, dispatch combine; also e.g. combine_recv)")
+    c.add_argument("--backends", nargs="+", metavar="BACKEND",
+                   help="compare only these backends' rows (e.g. nvshmem-nvlink nvshmem-put; default: all)")
     c.add_argument("--tolerance", type=nonnegative_float, default=0.03,
                    help="slower means more than this fraction of the old median (default 0.03) ...")
     c.add_argument("--min-us", type=nonnegative_float, default=1.0,

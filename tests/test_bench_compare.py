@@ -108,3 +108,30 @@ def test_bad_limits_are_refused_by_argparse(tmp_path: Path, flag: str, value: st
     with pytest.raises(SystemExit) as exc:
         cli.main(["compare", str(f), str(f), flag, value])
     assert exc.value.code == 2
+
+
+RUN42 = RUN41.parent.parent / "2026-12-04-run42-single/call3/ab_decode_self"
+
+
+def test_backends_leave_the_reference_rows_out(capsys) -> None:
+    """Run 42 call 3 (SELF_SEND decode, `--backend all`, main against round 57): the reference
+    backend's millisecond rows come out slower by chance (1274.7 -> 1448.2 us at 1 token);
+    restricted to the two transports, nothing is slower and the 1-token combines are faster."""
+    old, new = RUN42 / "bench_1_MOE_BACKEND_DEVSO_fromx.json", RUN42 / "bench_2_MOE_BACKEND_DEVSO_warpw.json"
+    assert cli.main(["compare", str(old), str(new)]) == 1
+    assert "reference" in capsys.readouterr().out
+    transports = ("nvshmem-nvlink", "nvshmem-put")
+    cmp = compare(old, new, backends=transports)
+    assert {c.row[2] for c in cmp.changes} == set(transports) and cmp.slower(0.03, 1.0) == []
+    assert all(c.ratio < 0.93 for c in cmp.changes if c.phase == "combine" and c.row[3] == 1)  # 8.6 -> 7.8, 9.0 -> 8.1
+    assert cli.main(["compare", str(old), str(new), "--backends", *transports]) == 0
+    out = capsys.readouterr().out
+    assert "reference" not in out and "0 of 12 medians slower" in out
+
+
+def test_backends_that_no_row_has_are_refused(tmp_path: Path, capsys) -> None:
+    old = _bench_file(tmp_path / "old.json", {("nvshmem", 1): {"dispatch": 10.0}})
+    with pytest.raises(BenchCompareError, match="no row of backend nvshmem-put in"):
+        compare(old, old, backends=("nvshmem-put",))
+    assert cli.main(["compare", str(old), str(old), "--backends", "nvshmem-put"]) == 2
+    assert "no row of backend nvshmem-put" in capsys.readouterr().err
