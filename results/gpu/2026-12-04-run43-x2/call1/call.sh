@@ -1,5 +1,5 @@
 #!/bin/bash
-# Run 40 on `nvidia-h200-x2`, call 1 (`fromx`: main's kernels, rounds 55-58): at EP2 on two GPUs,
+# Run 43 on `nvidia-h200-x2`, call 1 (`fromx`: main's kernels, rounds 55-58): at EP2 on two GPUs,
 # first the tests of rounds 54-55 (the work-between test by default, then with the copy-engine
 # send forced, which run 39's analysis predicts to time out at 2048 tokens, and with it the
 # register copy, predicted to pass; the contract suite on both transports), then the decode and
