@@ -64,6 +64,12 @@ struct Grids {
   int direct = 1, comb_send = 1, comb_recv = 1;
 };
 
+// The copy-engine send's chunks each CE_DECAY times the one before (MOE_BACKEND_NVSHMEM_CE_DECAY),
+// so the last, whose rows the receive writes only after every transfer, is the smallest. Run 43 at
+// EP2 (DeepSeek prefill, 4 chunks): 0.5 / 0.6 / 0.7 / 0.8 211.0-211.6 / 211.6 / 212.4-212.5 /
+// 212.5-212.9 us against the equal split's 216.7-217.8.
+constexpr double CE_DECAY = 0.6;
+
 struct Ctx {
   Params p;
   bool overlap = false;
@@ -108,7 +114,7 @@ struct Ctx {
   // side stream's grid (round 53, the default), or every one (round 52's default).
   enum class Whole { Never, ByCall, Every } whole_combine = Whole::ByCall;
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
-  double ce_decay = 1.0;   // each chunk this fraction of the one before (ce_chunk_starts)
+  double ce_decay = CE_DECAY;  // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
 };
@@ -119,7 +125,6 @@ struct Ctx {
 // 109 vs 85 us (2048) and 319 vs 260 us (8192): at prefill sizes the concurrent receive's
 // small blocks (needed to fit beside the send) lag the send and finish ~100 us after it.
 constexpr long long COMB_OVERLAP_MAX_TOKENS = 1024;
-constexpr long long COMB_FUSED_MIN_TOKENS = 4096;
 
 static Ctx& CX(int64_t ctx) {
   MOE_CHECK(ctx != 0, "nvshmem backend: the communicator was closed");
@@ -362,20 +367,21 @@ int64_t create_ctx(std::vector<int64_t> c) {
   const int dev_sms = (int)num_sms(attr.device);
   cx->overlap = env_switch("MOE_BACKEND_NVSHMEM_OVERLAP", p->chunk <= 256 || 2 * p->num_sms <= dev_sms);
   cx->comb_overlap = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP", sources <= COMB_OVERLAP_MAX_TOKENS);
-  // The fused combine send's row loads (RowLoads): with the whole GPU by cp.async (prefill
-  // 240 -> 230 us), with at most half of it by bulk copies (cp.async there was slower:
-  // 723 -> 754 us with 24 SMs); COMBINE_BULK / COMBINE_ASYNC "0" / "1" force either.
-  const bool few_sms = 2 * p->num_sms <= dev_sms;
-  p->comb_loads = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", few_sms, true)     ? LOADS_BULK
-                  : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", !few_sms, true) ? LOADS_ASYNC
-                                                                                   : LOADS_REGS;
+  // The fused combine send's row loads (RowLoads): by bulk copies into a per-warp ring. Once
+  // cp.async with the whole GPU (prefill 240 -> 230 us, before rounds 28-32's ring); run 43 with
+  // the whole GPU: bulk 212.7-213.5 against 218.8-219.8 us at EP2 (4096 tokens a rank; 69.1 / 115
+  // against 72.6 / 119 at 1024 / 2048) and 168.3-168.5 against 176.2-176.3 at world size 1.
+  // COMBINE_BULK=0 falls back to cp.async (COMBINE_ASYNC=0 as well: register loads).
+  p->comb_loads = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK", true, true)    ? LOADS_BULK
+                  : env_switch("MOE_BACKEND_NVSHMEM_COMBINE_ASYNC", true, true) ? LOADS_ASYNC
+                                                                                : LOADS_REGS;
   // With bulk row loads, the receive half's partials by bulk copies too (round 28: 24-SM
   // prefill combine at world size 1 444 -> 399 us); "0" keeps its register loads.
   p->bulk_recv = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV", true) ? 1 : 0;
-  // Fused combine: by default past COMB_FUSED_MIN_TOKENS source tokens (measured faster there,
-  // slower at 2048-4096); "1" uses it for every arena past the overlap limit.
-  cx->comb_fused = !cx->comb_overlap &&
-                   env_switch("MOE_BACKEND_NVSHMEM_COMBINE_FUSED", sources > COMB_FUSED_MIN_TOKENS, true);
+  // Fused combine: by default in every arena past the overlap limit (run 43 at EP2: 69.1 / 115 /
+  // 213 us against two kernels' 77.7 / 133 / - at 1024 / 2048 / 4096 tokens a rank); "0" keeps
+  // the send and receive kernels apart.
+  cx->comb_fused = !cx->comb_overlap && env_switch("MOE_BACKEND_NVSHMEM_COMBINE_FUSED", true);
   // Copy-engine send (launch_ce_send): nvlink with the overlapped receive only, when nearly
   // every token has an expert at each other rank (>= CE_MIN_DENSITY; it sends every token to
   // every other group),
@@ -434,9 +440,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     cx->ce_flag_fence = env_switch("MOE_BACKEND_NVSHMEM_CE_FLAG_FENCE", true);
     const char* v = std::getenv("MOE_BACKEND_NVSHMEM_CE_CHUNKS");
     const int chunks = std::max(1, std::min(64, v && *v ? std::atoi(v) : CE_CHUNKS));
-    // MOE_BACKEND_NVSHMEM_CE_DECAY=d (0 < d <= 1): chunks that shrink by d, so the last chunk,
-    // whose rows the receive writes only after every transfer, is the smallest (docs/PERF_NOTES.md,
-    // round 28: prepared, not yet measured at EP2; 1 = the equal split, the default).
+    // MOE_BACKEND_NVSHMEM_CE_DECAY=d (0 < d <= 1, default CE_DECAY; 1 = the equal split).
     if (const char* d = std::getenv("MOE_BACKEND_NVSHMEM_CE_DECAY"); d && *d) {
       char* end = nullptr;
       cx->ce_decay = std::strtod(d, &end);

@@ -44,14 +44,13 @@ On nvlink, arenas of at most 32 tokens send their combine partials, and the disp
 cross to another rank, as round-tagged words that the receive polls, with no flag to release or
 wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k` / `MOE_BACKEND_NVSHMEM_LL_ROWS=k`: arenas of at most
 k tokens, where the arena has room for them; 0 never).
-For arenas of more than 4096 source tokens `combine_send` launches one fused kernel on the
-side stream that sends, then receives, in the same blocks (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0`
-turns it off; `=1` uses it for every arena past the overlap limit). With more than half the
-GPU (`num_sms`) its send pipelines the expert-row loads through shared memory (cp.async;
-`MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1` forces it off / on); with at most half it loads them
-by bulk copies into a per-warp ring (`MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1`), and its receive
-half then takes the partials by bulk copies through the same ring
-(`MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV=0` keeps register loads there).
+For arenas past the overlap limit (more than 1024 source tokens) `combine_send` launches one
+fused kernel on the side stream that sends, then receives, in the same blocks
+(`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0` keeps a send and a receive kernel). Its send loads the
+expert rows by bulk copies into a per-warp ring, and its receive half then takes the partials by
+bulk copies through the same ring (`MOE_BACKEND_NVSHMEM_COMBINE_BULK_RECV=0` keeps register loads
+there); `MOE_BACKEND_NVSHMEM_COMBINE_BULK=0` loads the rows by cp.async instead (with
+`MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0` too: into registers).
 Each combine call cuts a token's partial into slices (a warp and a flag each) until it has about
 1024 work items (`MOE_BACKEND_NVSHMEM_COMBINE_ITEMS`), from the round's largest token count.
 The copy kernel of the dispatch receive cuts each token's row into pieces, one warp each,
@@ -74,7 +73,7 @@ kernels start only as the chunks' copies end, behind whatever the caller queued 
 kernel there that fits no SM beside the receive's waiting copy blocks deadlocked both ranks at
 EP2 (docs/PERF_NOTES.md, run 39 at EP2). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for every
 call, split ones too; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
-(0 < d <= 1, default 1: equal) makes each chunk d times the one before, and
+(0 < d <= 1, default 0.6; 1: equal) makes each chunk d times the one before, and
 `MOE_BACKEND_NVSHMEM_CE_STREAMS=k` (1..4, default 1) copies chunk c on stream c % k. It enables peer access to the
 peers' devices (a context on each).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so

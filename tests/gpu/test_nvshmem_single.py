@@ -82,9 +82,10 @@ def _overlap_env(on: str) -> dict[str, str]:
 # round 26), the early load of own rows and the parallel scan of the offsets (round 25);
 # "untagged" runs nvlink's with the table's flag, without the early load, with warp 0's scan and
 # a token's pieces on one SM (ITEM_SPREAD=0, before round 37), and put's plan and copy kernels.
-# "bulk-rows": the fused combine (every case past the overlap limit) sums rows that bulk copies
-# brought into shared memory, by default only with at most half the GPU (the few-SM test); its
-# receive half then takes the partials by bulk copies too, through the ring the send left.
+# "async-rows": the fused combine (every case past the overlap limit) sums rows that cp.async
+# brought into shared memory (COMBINE_BULK=0), and its receive half takes the partials by register
+# loads; by default (run 43) bulk copies, its receive half through the ring the send left (the
+# "overlap" variant).
 # "register-copy": the dispatch copy with a work counter (arenas past a block per SM of items)
 # stores its rows from registers, and the plan reads the count matrix by 4-byte loads, as before
 # round 33 (by default: bulk copies through shared memory, 16-byte loads where L % 4 == 0).
@@ -117,7 +118,7 @@ VARIANTS = {
     "overlap": _overlap_env("1"),
     "no-overlap": _overlap_env("0"),
     "untagged": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("LL_TABLE", "EARLY_LOAD", "PAR_SCAN", "ITEM_SPREAD")},
-    "bulk-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "1"},
+    "async-rows": {**_overlap_env("1"), "MOE_BACKEND_NVSHMEM_COMBINE_BULK": "0"},
     "register-copy": {f"MOE_BACKEND_NVSHMEM_{k}": "0" for k in ("COPY_BULK", "PLAN_VEC")},
     "split-dispatch": {"MOE_BACKEND_NVSHMEM_FUSED_DISPATCH": "0"},
     "side-combine": {"MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"},
