@@ -136,8 +136,8 @@ constexpr int ROW_BATCH = 4;
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
 enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
 
-// Pipelined row sums (the fused combine send's, when its kernels have more than half the GPU;
-// MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0/1 forces): the row loads go to shared memory by cp.async,
+// Pipelined row sums (the fused combine send's with MOE_BACKEND_NVSHMEM_COMBINE_BULK=0; the
+// default with the whole GPU until run 43): the row loads go to shared memory by cp.async,
 // ASYNC_STAGES - 1 (row batch, step) tasks ahead of the sum, so a warp keeps ~3x the bytes of
 // sum_rows in flight without the registers. Prefill combine 240 -> 230 us; with 24 SMs slower
 // (723 -> 754 us): there the SMs' issue slots are the limit, and each lane's cp.async and its
@@ -212,8 +212,8 @@ __device__ __forceinline__ void sum_rows_pipelined(const T* const* rows, const f
   cp_async_wait<0>();
 }
 
-// Row sums by bulk copies (the fused combine send's when its kernels have at most half the GPU;
-// MOE_BACKEND_NVSHMEM_COMBINE_BULK=0/1 forces): a task (one bulk step of the slice, one batch
+// Row sums by bulk copies (the fused combine send's by default; with at most half the GPU since
+// round 27, with the whole GPU too since run 43; MOE_BACKEND_NVSHMEM_COMBINE_BULK=0 turns it off): a task (one bulk step of the slice, one batch
 // of BULK_BATCH rows) is one bulk copy per row, issued by the lane of that row's index into a stage
 // of this warp's ring and counted by the stage's mbarrier, BULK_STAGES - 1 tasks ahead of the
 // sum. The lanes then read their vectors at fixed offsets in the stage. The register and
@@ -558,7 +558,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
 // The combine send's work, for its two kernels below. FUSED (combine_fused_kernel, the default
-// for arenas of more than 4096 source tokens, see create_ctx): the send items are taken from a
+// for arenas past the overlap limit, see create_ctx): the send items are taken from a
 // counter (state[2]); a warp that finds none left goes on to the receive items (counter
 // state[7]), so the receive starts where the send ends, in the same blocks, without a second
 // launch; launched on the side stream like the overlapped receive, so the caller's stream never
@@ -707,7 +707,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
   }
 }
 
-// The two-kernel combine's send (arenas of at most 4096 source tokens; in decode-sized ones a
+// The two-kernel combine's send (arenas up to the overlap limit, or COMBINE_FUSED=0; in decode-sized ones a
 // latency kernel): its parameters __grid_constant__ and their lines fetched together at entry
 // (round 48: decode combine 0.3-0.8 us faster; the two-kernel prefill combine at world size 1,
 // 4096 source tokens, did not slow: 178 -> 177 us).

@@ -87,7 +87,7 @@ struct Ctx {
   // events reused: a dispatch's join is consumed before its combine starts) writing `out`;
   // combine_recv joins. The receive's inputs are held until then (comb_out defined = pending).
   bool comb_overlap = false;
-  // Fused combine (default for arenas of more than 4096 source tokens, see create_ctx):
+  // Fused combine (default for arenas past the overlap limit, see create_ctx):
   // combine_send launches one kernel, send then receive, on `side`; its `y` / weights are
   // held too, since the side stream reads them after combine_send has returned.
   bool comb_fused = false;
@@ -1073,7 +1073,7 @@ static int launch_combine_send_any(const Ctx& cx, const void* yp, const float* w
 
 // combine_send; with `out` (and the receive's ids / token count) and overlap on, also the
 // receive, concurrently on the side stream (see Ctx); combine_recv then only joins. With the
-// fused combine (default past 4096 source tokens), one kernel does both halves on the side stream.
+// fused combine (default past the overlap limit), one kernel does both halves on the side stream.
 at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& dep,
                         const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& ntok, int64_t n_host,
                         const std::optional<at::Tensor>& out, int64_t ctx) {

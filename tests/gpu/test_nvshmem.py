@@ -104,9 +104,10 @@ def test_work_between_send_and_receive_at_prefill_sizes(tokens: int):
 
 
 def test_contract_suite_with_fused_combine():
-    """The fused combine (send and receive in one kernel on the side stream; the default past
-    4096 source tokens, forced here for every arena past the combine-overlap limit): the same
-    results; rounds and CUDA-graph replays at a size that takes the fused path."""
+    """The fused combine (send and receive in one kernel on the side stream; the default past the
+    combine-overlap limit, forced here): the same results; rounds and CUDA-graph replays at a
+    size that takes the fused path, then rounds with its rows loaded by cp.async
+    (MOE_BACKEND_NVSHMEM_COMBINE_BULK=0) instead of bulk copies."""
     _spawn(_contract_with_fused_combine, 3, max(4, COUNT // 3))
 
 
@@ -116,15 +117,17 @@ def _contract_with_fused_combine(seed, count):
     for transport in ("put", "nvlink"):
         _workers.rounds_worker(seed, transport, 10, tokens=1100)  # G*M > 1024: past the overlap limit
         _workers.graph_worker(seed, transport, 4, tokens=1100)
+    os.environ["MOE_BACKEND_NVSHMEM_COMBINE_BULK"] = "0"
+    for transport in ("put", "nvlink"):
+        _workers.rounds_worker(seed, transport, 6, tokens=1100)
 
 
 def test_contract_suite_with_few_sms():
     """Kernels sized for 4 SMs (backend option num_sms): the same results; at G*M = 2200 the
     plan's chunks exceed 256 tokens, and the receive still overlaps the send (the grids use
-    at most half the GPU), in rounds and CUDA-graph replays too. Those rounds force the fused
-    combine, which with at most half the GPU sums rows that bulk copies brought into shared
-    memory, and takes the partials of its receive half the same way (the fused test covers the
-    cp.async pipeline and register receive: the default with the whole GPU)."""
+    at most half the GPU), in rounds and CUDA-graph replays too. Those rounds take the fused
+    combine, which sums rows that bulk copies brought into shared memory, and takes the partials
+    of its receive half the same way (the fused test covers the cp.async pipeline too)."""
     _spawn(_contract_with_few_sms, 4, max(4, COUNT // 3))
 
 

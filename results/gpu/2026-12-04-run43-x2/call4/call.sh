@@ -12,7 +12,7 @@ T0=$(date +%s)
 source scripts/gpu_env.sh > /dev/null 2>&1
 N=MOE_BACKEND_NVSHMEM
 pack() { tar czf $OUT/call.tgz -C $raw .; }
-timeout 170 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
+timeout 240 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
   -k "work_between or both_transports or fused_combine or few_sms" > $raw/tests.log 2>&1
 echo "tests rc $? at $(( $(date +%s) - T0 )) s"; grep -E "PASSED|FAILED|ERROR|passed|failed" $raw/tests.log | tail -6
 pack
