@@ -473,9 +473,11 @@ __device__ __forceinline__ int gather_rows(const int* rm, int topk, int H, const
 // byte 2 * h * sizeof(T) of its tagged copy, each 4 payload bytes in the low half of an 8-byte
 // word whose high half is the round. Only for whole 16-byte vectors (TAGGED_VEC). The two-kernel
 // combine has instances of each form (TAGGED: the send's emit stores tagged words and raises no
-// flag, the receive sums by sum_tagged_rows), the arena's chosen at launch: with both in one
-// kernel and the form chosen per call, the plain path of the decode combine was 0.4-0.8 us slower
-// at world size 1 (round 49), a latency kernel paying for code it does not run (round 42).
+// flag, the receive sums by sum_tagged_rows), the arena's chosen at launch: TAG_EVERY for arenas
+// of at most LL_COMBINE tokens, TAG_BY_CALL (round 59) for larger ones with the room, where both
+// forms share one kernel and each call chooses (call_tagged). Round 49 measured such a kernel's
+// plain path 0.4-0.8 us slower at world size 1 (code it does not run, round 42); run 43 at EP2
+// measured what tagging gains the 1- and 32-token calls of the 128-token arena (1.4-1.5 us).
 template <typename T, int N>
 constexpr bool TAGGED_VEC = N * sizeof(T) % 16 == 0;
 template <typename T, int N>
@@ -552,7 +554,7 @@ RecvArgs<TO> typed(const RecvArgs<void>& a) {
   return {a.ids, a.nptr, a.n_host, a.rows, static_cast<TO*>(a.out)};
 }
 
-template <typename TX, typename TO, int N, int RB, bool COUNTER, bool TAGGED>
+template <typename TX, typename TO, int N, int RB, bool COUNTER, int TAGGED>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk);
 __device__ void combine_finish(const Params& p, unsigned long long round);
@@ -563,7 +565,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round);
 // state[7]), so the receive starts where the send ends, in the same blocks, without a second
 // launch; launched on the side stream like the overlapped receive, so the caller's stream never
 // waits in it.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, bool TAGGED>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, int TAGGED>
 __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __restrict__ y, const float* __restrict__ w,
                                                   const RecvArgs<TY>& ra) {
   launch_dependents();  // a receive launched behind it by PDL (combine_whole) may start now
@@ -595,9 +597,10 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
   }
 
   const int S = call_slices(p);
-  // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb): the two-kernel nvlink
-  // combine with register row loads and whole 16-byte vectors.
+  // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb; by call for TAG_BY_CALL):
+  // the two-kernel nvlink combine with register row loads and whole 16-byte vectors.
   static_assert(!TAGGED || (NVL && !FUSED && LOADS == LOADS_REGS && TAGGED_VEC<TX, N>), "no tagged form here");
+  const bool tagged = call_tagged<TAGGED>(p);
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
   // for each of those empty items (G*M*S of them with a few tokens in a large arena).
@@ -627,13 +630,13 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     // Replica 0's copy found once per item (the compiler unrolled the replica loop, and loaded
     // each replica's address per chunk); the others, when tp > 1, in a loop.
     TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
-    const long long tag_off = TAGGED ? comb_tagged_off(p, p.rank, t) : 0;
+    const long long tag_off = tagged ? comb_tagged_off(p, p.rank, t) : 0;
     auto emit = [&]<int CC>(int h, float (&acc)[CC][N]) {  // CC: the step's chunks (bulk_chunks with bulk loads)
 #pragma unroll
       for (int c = 0; c < CC; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
-          if constexpr (TAGGED) {
+          if (tagged) {
 #pragma unroll 1
             for (int q = 0; q < p.tp; ++q)
               store_tagged_n<TX, N>(p.peer[g * p.tp + q] + tag_off + 2LL * hh * sizeof(TX), acc[c], round);
@@ -667,7 +670,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     }
     __syncwarp();
     stamp_exit(ST_CSEND_SUMMED);
-    if constexpr (TAGGED) {
+    if (tagged) {
       // No flag: the words carry their round.
     } else if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
@@ -700,7 +703,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     // With bulk row loads, the receive items' partials come by bulk copies too (p.bulk_recv),
     // through the same ring, when both dtypes' steps are one ring row.
     constexpr bool can_bulk = LOADS == LOADS_BULK && bulk_row_bytes<TX, N>() == bulk_row_bytes<TY, N>();
-    combine_recv_items<TX, TY, N, 2, true, false>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
+    combine_recv_items<TX, TY, N, 2, true, TAG_NONE>(p, ra, sh_src[warp], NWARPS, ring, can_bulk && p.bulk_recv);
     if (blockIdx.x == 0 && threadIdx.x < p.W)
       wait_flag(p, sigp(p, p.sym, sig_barrier(p, threadIdx.x)), round, PH_COMBINE_RECV, threadIdx.x);
     combine_finish(p, round);
@@ -711,7 +714,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
 // latency kernel): its parameters __grid_constant__ and their lines fetched together at entry
 // (round 48: decode combine 0.3-0.8 us faster; the two-kernel prefill combine at world size 1,
 // 4096 source tokens, did not slow: 178 -> 177 us).
-template <bool NVL, typename TY, typename TX, int N, int LOADS = LOADS_REGS, bool TAGGED = false>
+template <bool NVL, typename TY, typename TX, int N, int LOADS = LOADS_REGS, int TAGGED = TAG_NONE>
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     combine_send_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
                         const __grid_constant__ RecvArgs<TY> ra) {
@@ -733,7 +736,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     combine_fused_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
                          const __grid_constant__ RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
-  combine_send_body<NVL, TY, TX, N, true, LOADS, false>(p, y, w, ra);
+  combine_send_body<NVL, TY, TX, N, true, LOADS, TAG_NONE>(p, y, w, ra);
   stamp_exit(ST_CSEND);
 }
 
@@ -743,7 +746,7 @@ __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
 // dtype; zeros for rows past n and tokens with no expert.
 // bulk: the partials of items with at least one come by bulk copies through this warp's ring
 // (sum_units_bulk); otherwise by registers (sum_rows).
-template <typename TX, typename TO, int N, int RB, bool COUNTER, bool TAGGED>
+template <typename TX, typename TO, int N, int RB, bool COUNTER, int TAGGED>
 __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvArgs<TO>& ra, const TX** sh_src, int nwarps,
                                                    BulkRing& ring, bool bulk) {
   constexpr int C = chunks_per_step<TX, N>();
@@ -754,6 +757,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
   n = n < 0 ? 0 : (n > ra.rows ? ra.rows : n);
   const int S = call_slices(p);
   static_assert(!TAGGED || (!COUNTER && TAGGED_VEC<TX, N>), "no tagged form here");
+  const bool tagged = call_tagged<TAGGED>(p);
   const long long items = (long long)ra.rows * S;
   const long long stride = (long long)gridDim.x * nwarps;
   // Grid-stride items with topk <= 32: the next item's ids (one per lane) are loaded before
@@ -789,7 +793,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
     // sender's slice sl is exactly this item's range: one flag a rank. Otherwise (float32
     // partials of 16-bit outputs) every slice flag of every holding rank. Tagged partials have
     // none: their words are polled as they are summed.
-    if constexpr (!TAGGED) {
+    if (!tagged) {
       constexpr bool same_slices = chunks_per_step<TX, N>() == chunks_per_step<TO, N>();
       const int nq = same_slices ? p.W : p.W * S;
 #pragma unroll 1
@@ -805,7 +809,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
       const int r = lane + 32 * j;
       if (r < p.W && ((mask >> r) & 1))
         sh_src[__popcll(mask & ((1ULL << r) - 1))] = reinterpret_cast<const TX*>(
-            p.sym + (TAGGED ? comb_tagged_off(p, r, t) : p.off_comb + ((long long)r * M + t) * p.part_bytes));
+            p.sym + (tagged ? comb_tagged_off(p, r, t) : p.off_comb + ((long long)r * M + t) * p.part_bytes));
     }
     __syncwarp();
     const int nr = __popcll(mask);
@@ -816,12 +820,18 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
       for (int c = 0; c < CC; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     };
-    if constexpr (TAGGED) {
-      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-        float acc[C][N];
-        sum_tagged_rows<TX, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, nr, h, h1, round, acc);
-        store_out(h, acc);
+    bool summed = false;
+    if constexpr (TAGGED != TAG_NONE) {  // sum_tagged_rows needs whole 16-byte vectors (TAGGED_VEC)
+      if (tagged) {
+        for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+          float acc[C][N];
+          sum_tagged_rows<TX, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, nr, h, h1, round, acc);
+          store_out(h, acc);
+        }
+        summed = true;
       }
+    }
+    if (summed) {
     } else if (bulk && nr > 0) {
       fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
       sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
@@ -860,7 +870,7 @@ __device__ void combine_finish(const Params& p, unsigned long long round) {
 // Combine receive: wait for every rank's barrier flag; one warp per own token sums the
 // partials of the ranks holding its experts in rank order (float32, from 0.0f), rounds to
 // the output dtype; zeros elsewhere. Then the round counter advances (combine_finish).
-template <typename TX, typename TO, int N, bool TAGGED = false>
+template <typename TX, typename TO, int N, int TAGGED = TAG_NONE>
 __global__ void __launch_bounds__(NTHREADS)
     combine_recv_kernel(const __grid_constant__ Params p, const __grid_constant__ RecvArgs<TO> ra) {
   stamp_entry(ST_CRECV);

@@ -45,8 +45,9 @@ struct Params {
   int early_load;      // direct receive: a warp loads its piece of the row before the tables are in (round 25)
   int own_group;       // the group whose tokens the receive reads from its own x: `group`, or -1 with
                        // SELF_SEND (every token through the slots and flags, as another group's)
-  int ll_comb;         // nvlink two-kernel combine: partials in round-tagged words, no flag (the TAGGED
-                       // instances; comb_tagged_off)
+  int ll_comb;         // nvlink two-kernel combine: the tokens a rank of the round-tagged partials' region
+                       // (comb_tagged_off; 0: none). M: every call's partials tagged (TAG_EVERY
+                       // instances), fewer: the calls of at most that many tokens (TAG_BY_CALL)
   long long timeout_ns;
   // 0x280-0x2c0
   unsigned long long own_ranks;  // the ranks the dispatch send skips: the own group's (none with SELF_SEND);
@@ -168,9 +169,19 @@ __device__ __forceinline__ int call_slices(const Params& p) {
 // with no release (which waits for the stores' acknowledgements) between them. Not the plain
 // region: there a word's high half is data, which could by chance equal a later round's tag
 // (the fused combine, which an arena may also run, writes plain partials).
-// Byte offset of rank r's tagged partial of token t (2 * part_bytes each).
+// Byte offset of rank r's tagged partial of token t < p.ll_comb (2 * part_bytes each).
 __device__ __forceinline__ long long comb_tagged_off(const Params& p, int r, int t) {
-  return p.off_comb + (long long)p.W * p.M * p.part_bytes + ((long long)r * p.M + t) * 2LL * p.part_bytes;
+  return p.off_comb + (long long)p.W * p.M * p.part_bytes + ((long long)r * p.ll_comb + t) * 2LL * p.part_bytes;
+}
+// The combine instances' tagged forms (Params::ll_comb): none, every call, or per call.
+enum TagForm : int { TAG_NONE = 0, TAG_EVERY = 1, TAG_BY_CALL = 2 };
+// Whether this call's partials go as tagged words: by call where the round's largest source-token
+// count (state[8], the same on every rank) fits the tagged region, so send and receive agree.
+template <int TAGGED>
+__device__ __forceinline__ bool call_tagged(const Params& p) {
+  if constexpr (TAGGED == TAG_EVERY) return true;
+  else if constexpr (TAGGED == TAG_BY_CALL) return p.state[8] <= (unsigned long long)p.ll_comb;
+  else return false;
 }
 
 // Element range [h0, h1) of slice s of a row of H elements cut into S slices of whole steps

@@ -238,7 +238,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
   p->timeout_ns = c[i++];
   p->comb_items = c[i++];
   MOE_CHECK(p->comb_items >= 1, "create_ctx: combine items must be positive, got ", p->comb_items);
-  p->ll_comb = c[i++] != 0;
+  p->ll_comb = (int)c[i++];
   const bool rows_tagged = c[i++] != 0;  // the layout's choice (nvshmem_runtime.tagged_rows)
   const bool send_stream = c[i++] != 0;
   p->sym = reinterpret_cast<char*>(c[i++]);
@@ -321,11 +321,13 @@ int64_t create_ctx(std::vector<int64_t> c) {
     const bool crossing = p->G > 1 || self_send;  // the send skips the own group's ranks (own_ranks)
     p->ll_rows = rows_tagged && crossing && p->ll_table && p->nvl && fits ? 1 : 0;
   }
-  // The combine's round-tagged partials (the TAGGED instances, round 49), as the layout chose
-  // them (nvshmem_runtime.tagged_partials): nvlink, rows of whole 16-byte vectors (H % 8 == 0, the
-  // N = 8 instances), their region after the plain partials.
-  MOE_CHECK(!p->ll_comb || (p->nvl && p->H % 8 == 0 &&
-                            p->off_stage_disp - p->off_comb >= 3LL * p->W * p->M * p->part_bytes),
+  // The combine's round-tagged partials (the TAGGED instances, round 49; by call, round 59), as the
+  // layout chose them (nvshmem_runtime.tagged_partials): nvlink, rows of whole 16-byte vectors
+  // (H % 8 == 0, the N = 8 instances), their region of ll_comb <= M tokens after the plain partials.
+  MOE_CHECK(p->ll_comb >= 0 && p->ll_comb <= p->M &&
+                (!p->ll_comb || (p->nvl && p->H % 8 == 0 &&
+                                 p->off_stage_disp - p->off_comb >=
+                                     (long long)p->W * (p->M + 2LL * p->ll_comb) * p->part_bytes)),
             "create_ctx: tagged combine partials need the nvlink transport, hidden % 8 == 0 and their region");
   // Round 25: the direct receive loads an own token's piece before the tables are in, where a
   // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
@@ -923,7 +925,7 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 
 // One combine-send variant: sets its attributes on first use (the pipelined variant's dynamic
 // shared memory) and returns the registers one of its blocks takes.
-template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, bool TAGGED = false>
+template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, int TAGGED = TAG_NONE>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
   constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
@@ -949,8 +951,10 @@ static int launch_combine_send_n(const Params& p, int blocks, const void* y, con
                                  cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
   if constexpr (NVL && TAGGED_VEC<TX, N>) {
+    if (!rs && p.ll_comb >= p.M)
+      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
     if (!rs && p.ll_comb)
-      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, true>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   }
   if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
@@ -987,11 +991,12 @@ static int launch_combine_send_x(const Params& p, int blocks, const void* y, con
 constexpr int COMB_OVERLAP_THREADS = 128;
 // pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
 // once every send block has started, as the overlapped receive does on the side stream.
-template <typename TX, typename TO, int N, bool TAGGED = false>
+template <typename TX, typename TO, int N, int TAGGED = TAG_NONE>
 static bool launch_combine_recv_n(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
                                   cudaStream_t s) {
-  if constexpr (!TAGGED && TAGGED_VEC<TX, N>) {
-    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, true>(p, blocks, ra, send_regs, pdl, s);
+  if constexpr (TAGGED == TAG_NONE && TAGGED_VEC<TX, N>) {
+    if (p.ll_comb >= p.M) return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, s);
+    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, s);
   }
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);

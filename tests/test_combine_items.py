@@ -10,6 +10,7 @@ from moe_backend.backends.nvshmem_runtime import (
     combine_flags_per_rank,
     combine_items,
     layout,
+    ll_combine_by_call,
     ll_combine_tokens,
     ll_rows_tokens,
     tagged_partials,
@@ -55,6 +56,30 @@ def test_tagged_partials_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
                 tagged_partials(CommSpec(256, 8, 7168, 1, 2), transport)
 
 
+def test_tagged_partials_every_call_or_by_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tagged region's tokens a rank: an nvlink arena of at most LL_COMBINE tokens holds all of
+    them (every call tagged), a larger one with the room LL_COMBINE of them (the calls of at most
+    that many tokens tagged), unless LL_COMBINE_BY_CALL=0; put, prefill-sized arenas and rows that
+    are not whole 16-byte vectors hold none. LL_COMBINE_BY_CALL takes 0 or 1 only."""
+    for name in ("MOE_BACKEND_NVSHMEM_LL_COMBINE", "MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL"):
+        monkeypatch.delenv(name, raising=False)
+    one, small, decode, prefill = (CommSpec(256, 8, 7168, m, 2) for m in (1, 32, 128, 4096))
+    assert ll_combine_by_call()
+    assert [tagged_partials(s, "nvlink") for s in (one, small, decode, prefill)] == [1, 32, 32, 0]
+    assert tagged_partials(decode, "put") == 0 and tagged_partials(CommSpec(256, 8, 7164, 128, 2), "nvlink") == 0
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "20")
+    assert [tagged_partials(s, "nvlink") for s in (one, small, decode)] == [1, 20, 20]
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", "0")
+    assert [tagged_partials(s, "nvlink") for s in (one, small, decode)] == [1, 0, 0]
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "0")
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", "1")
+    assert [tagged_partials(s, "nvlink") for s in (one, small, decode)] == [0, 0, 0]
+    for bad in ("2", "yes", "on"):
+        monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", bad)
+        with pytest.raises(ValueError, match="LL_COMBINE_BY_CALL must be 0 or 1"):
+            tagged_partials(decode, "nvlink")
+
+
 def test_tagged_rows_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """Arenas of at most LL_ROWS tokens may send round-tagged rows (default 32, 0: none; nvlink
     arenas with the room only); anything but a token count is refused, on any transport."""
@@ -75,11 +100,13 @@ def test_tagged_rows_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An nvlink arena whose partials go as round-tagged words holds the plain partials and, after
-    them, each in tagged words (twice the bytes): the tagged receive never polls words that a plain
-    combine (the fused one, which such an arena may also run) wrote. Other arenas hold no such room:
-    put's, the prefill arena's, and by default an arena of more than 32 tokens."""
+    """An nvlink arena whose partials may go as round-tagged words holds the plain partials and,
+    after them, the tagged region's tokens in tagged words (twice the bytes): the tagged receive
+    never polls words that a plain combine (the fused one, or a larger call) wrote. Other arenas
+    hold no such room: put's, the prefill arena's; a decode arena of more than 32 tokens holds 32
+    tokens' worth (its calls of at most 32 tokens are tagged)."""
     monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", raising=False)
+    monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", raising=False)
     W, part = 2, 7168 * 2
     small = CommSpec(256, 8, 7168, 32, W)
     nvl = layout(small, "nvlink")
@@ -87,9 +114,13 @@ def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) 
     assert nvl["off_stage_disp"] - nvl["off_combine"] >= 3 * W * 32 * part  # what create_ctx checks
     assert layout(small, "put")["combine"] == W * 32 * part
     decode = CommSpec(256, 8, 7168, 128, W)
-    assert buffer_bytes(decode, "nvlink")["combine"] == W * 128 * part
+    assert buffer_bytes(decode, "nvlink")["combine"] == W * 128 * part + 2 * W * 32 * part
     assert buffer_bytes(CommSpec(256, 8, 7168, 4096, W), "nvlink")["combine"] == W * 4096 * part
     monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "128")
     assert buffer_bytes(decode, "nvlink")["combine"] == 3 * W * 128 * part
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", "0")
+    assert buffer_bytes(decode, "nvlink")["combine"] == 3 * W * 128 * part  # every call: not by call
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "32")
+    assert buffer_bytes(decode, "nvlink")["combine"] == W * 128 * part
     monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "0")
     assert layout(small, "nvlink")["combine"] == W * 32 * part

@@ -43,7 +43,9 @@ otherwise on the side stream (`MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=1`: every call 
 On nvlink, arenas of at most 32 tokens send their combine partials, and the dispatch rows that
 cross to another rank, as round-tagged words that the receive polls, with no flag to release or
 wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k` / `MOE_BACKEND_NVSHMEM_LL_ROWS=k`: arenas of at most
-k tokens, where the arena has room for them; 0 never).
+k tokens, where the arena has room for them; 0 never). Larger nvlink arenas with that room (the
+decode ones, up to 128 tokens at top-8) tag the partials of each call whose round has at most k
+tokens on every rank (`MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL=0`: never).
 For arenas past the overlap limit (more than 1024 source tokens) `combine_send` launches one
 fused kernel on the side stream that sends, then receives, in the same blocks
 (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0` keeps a send and a receive kernel). Its send loads the

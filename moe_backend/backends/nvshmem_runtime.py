@@ -79,8 +79,8 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
       dispatch  G * M * slot_bytes        (slot [g][t]: x row, 16-aligned, then fp8 scales; twice
                                            that in nvlink arenas with room for round-tagged rows)
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype; then, in arenas
-                                           whose partials go as round-tagged words (tagged_partials),
-                                           2 * W * M * part_bytes for those)
+                                           whose partials may go as round-tagged words, 2 * W * T *
+                                           part_bytes for those, T = tagged_partials(): M or fewer)
       staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
     """
     if transport not in ("put", "nvlink"):
@@ -91,7 +91,7 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
         "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
-        "combine": W * M * s["part_bytes"] * (3 if tagged_partials(spec, transport) else 1),
+        "combine": W * M * s["part_bytes"] + 2 * W * tagged_partials(spec, transport) * s["part_bytes"],
         "stage_disp": M * s["slot_bytes"] if transport == "put" else 0,
         "stage_table": s["table_bytes"] if transport == "put" else 0,
         "stage_comb": G * M * s["part_bytes"] if transport == "put" else 0,
@@ -147,9 +147,13 @@ def combine_items() -> int:
 
 # Arenas of at most this many tokens (max_num_tokens) send their combine partials in round-tagged
 # words that the receive polls, with no flag (nvlink arenas with room for them: has_tagged_room;
-# the kernels' TAGGED instances, round 49). Twice a partial's bytes over the link, so small arenas
+# the kernels' TAGGED instances, round 49). Twice a partial's bytes over the link, so small calls
 # only: at EP2 a 128-token call's partials would take ~5 us more of it, a 32-token call's ~1.3.
-# MOE_BACKEND_NVSHMEM_LL_COMBINE=k overrides it (0 turns it off; every rank must agree).
+# Larger arenas with the room choose per call (round 59, the BY_CALL instances): a call whose
+# round's largest token count is at most this many tags its partials (run 43 at EP2, the 128-token
+# arena tagged for every call: combine 1 / 32 / 128 tokens 9.2 / 12.4 / 23.1 us against 10.7 / 14.0
+# / 20.4 plain). MOE_BACKEND_NVSHMEM_LL_COMBINE=k overrides it (0 turns it off; every rank must
+# agree); MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL=0 keeps the larger arenas plain.
 _LL_COMBINE_TOKENS = 32
 # The same for the dispatch's rows (round 38's LL_ROWS: the kernels' ROWS instances, no token flag),
 # by default since round 51 in arenas of at most this many tokens (twice a row's bytes over the link:
@@ -180,12 +184,29 @@ def ll_rows_tokens() -> int:
     return _token_count("MOE_BACKEND_NVSHMEM_LL_ROWS", _LL_ROWS_TOKENS)
 
 
-def tagged_partials(spec: CommSpec, transport: str) -> bool:
-    """Whether the arena's combine partials go as round-tagged words (the kernels' TAGGED
-    instances): nvlink arenas with room for them of at most ll_combine_tokens() tokens whose rows
-    are whole 16-byte vectors (hidden % 8 == 0)."""
+def ll_combine_by_call() -> bool:
+    """Whether arenas of more than ll_combine_tokens() tokens with the room tag a call's partials
+    when its round's largest token count is at most that (MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL,
+    default 1; 0: such arenas never tag)."""
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL must be 0 or 1, got {raw!r}")
+    return raw != "0"
+
+
+def tagged_partials(spec: CommSpec, transport: str) -> int:
+    """The tokens of the arena's round-tagged partials region (its rows per rank), 0 for none:
+    nvlink arenas with room for them whose rows are whole 16-byte vectors (hidden % 8 == 0). An
+    arena of at most ll_combine_tokens() tokens tags every call's partials (the kernels' EVERY
+    instances; the region holds max_num_tokens rows); a larger one the calls of at most that many
+    tokens (BY_CALL instances; ll_combine_tokens() rows), unless ll_combine_by_call() is off."""
     limit = ll_combine_tokens()  # read (and a bad value refused) on every transport, as tagged_rows
-    return has_tagged_room(spec, transport) and spec.max_num_tokens <= limit and spec.hidden % 8 == 0
+    by_call = ll_combine_by_call()
+    if limit == 0 or not has_tagged_room(spec, transport) or spec.hidden % 8 != 0:
+        return 0
+    if spec.max_num_tokens <= limit:
+        return spec.max_num_tokens
+    return limit if by_call else 0
 
 
 def tagged_rows(spec: CommSpec, transport: str) -> bool:
@@ -347,7 +368,7 @@ class Arena:
             s["row_bytes"], s["scale_bytes"], s["slot_bytes"], s["table_bytes"], s["part_bytes"],
             out_code, _DTYPE_CODE[spec.transfer_dtype],
             self.chunk, self.nchunks, sms, 1 if transport == "nvlink" else 0,
-            int(timeout_s * 1e9), combine_items(), int(tagged_partials(spec, transport)),
+            int(timeout_s * 1e9), combine_items(), tagged_partials(spec, transport),
             int(rows_tagged), int(send_stream),
             self.sym,
             lay["off_signals"], lay["off_tables"], lay["off_dispatch"], lay["off_combine"],

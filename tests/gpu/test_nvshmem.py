@@ -206,11 +206,14 @@ def test_contract_suite_tagged_rows():
 
 def test_contract_suite_tagged_partials():
     """The combine's partials in round-tagged words that the receive polls, no flag (LL_COMBINE:
-    by default in nvlink arenas of at most 32 tokens): in every arena with room for them, in none,
-    and in arenas of at most 20 tokens with the whole combine's receive on the side stream: the same results,
-    rounds and replays."""
+    by default every call in nvlink arenas of at most 32 tokens, and the calls of at most 32 tokens
+    in larger arenas with room for them): in every arena with room for them, in none, in arenas of
+    at most 20 tokens (and calls of at most 20 elsewhere) with the whole combine's receive on the
+    side stream, and in arenas of at most 4 tokens and calls of at most 4 (so rounds and replays
+    switch forms in one arena): the same results, rounds and replays."""
     for env in ({"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"}, {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
-                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"}):
+                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"},
+                {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4"}):
         _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
 
 

@@ -110,7 +110,9 @@ def _overlap_env(on: str) -> dict[str, str]:
 # of at most 512 / topk tokens take the small instance, with the table's one-id-a-thread form only).
 # "tagged-partials": every nvlink arena with room for them (the small ones) sends its combine
 # partials in round-tagged words that the receive polls, no flag (LL_COMBINE; by default arenas of
-# at most 32 tokens); "untagged-partials": none does; "mixed-partials": arenas of at most 20 tokens do.
+# at most 32 tokens, and by call in larger ones with the room: the calls of at most 32 tokens);
+# "untagged-partials": none does; "mixed-partials": arenas of at most 20 tokens do, larger ones by
+# call at 20; "plain-large-arenas": only arenas of at most 32 tokens do (LL_COMBINE_BY_CALL=0).
 # "token-grids": the direct receive's and the combine's grids sized by the arena's tokens (ITEM_GRIDS=0,
 # before round 50; by default by the largest call's items, one a block while SMs last).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
@@ -137,6 +139,7 @@ VARIANTS = {
     "tagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4096"},
     "untagged-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"},
     "mixed-partials": {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20"},
+    "plain-large-arenas": {"MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL": "0"},
     "token-grids": {"MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
     "token-grids-self-send": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
 }
