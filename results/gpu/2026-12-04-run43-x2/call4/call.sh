@@ -1,32 +1,33 @@
 #!/bin/bash
-# Run 43 on `nvidia-h200-x2`, call 4 (`newdef`: calls 2-3's findings as defaults: the fused combine
-# in every arena past the overlap limit, its rows by bulk copies, the copy-engine chunks shrinking
-# by 0.6; the work-between test's whole-dispatch check fixed). Tests at EP2, the prefill record
-# (decode's paths are unchanged: call 1 stands), the one-GPU cp.async variant, the fused combine
-# against two kernels at world size 1, then the sweep with its plot.
+# Prepared in run 43 for `nvidia-h200-x2` (refused there: no longer lent), call 4. Build main first
+# (`scripts/build_device_extension.sh main43`, gzip it; carry `.commit .devso`): run 43's defaults
+# (the fused combine past the overlap limit, bulk row loads, copy-engine chunks shrinking by 0.6)
+# and round 59 (the decode arena's combine tagged by call). The EP2 tests, the decode and prefill
+# record (compared with call 1's, run 43's record before them), round 59 against
+# LL_COMBINE_BY_CALL=0 alternately twice, then the sweep with its plot.
 set -u
 raw=$OUT/raw; mkdir -p $raw
 for f in .devso/*.so.gz; do gunzip -f $f; done
-export MOE_BACKEND_DEVSO=newdef MOE_BACKEND_COMMIT=$(cat .commit)
+export MOE_BACKEND_DEVSO=main43 MOE_BACKEND_COMMIT=$(cat .commit)
 T0=$(date +%s)
 source scripts/gpu_env.sh > /dev/null 2>&1
 N=MOE_BACKEND_NVSHMEM
+R1=results/gpu/2026-12-04-run43-x2/call1
 pack() { tar czf $OUT/call.tgz -C $raw .; }
-timeout 240 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
-  -k "work_between or both_transports or fused_combine or few_sms" > $raw/tests.log 2>&1
-echo "tests rc $? at $(( $(date +%s) - T0 )) s"; grep -E "PASSED|FAILED|ERROR|passed|failed" $raw/tests.log | tail -6
+timeout 200 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
+  -k "work_between or both_transports or fused_combine or few_sms or tagged_partials" > $raw/tests.log 2>&1
+echo "tests rc $? at $(( $(date +%s) - T0 )) s"; grep -E "PASSED|FAILED|ERROR|passed|failed" $raw/tests.log | tail -8
 pack
-timeout 110 python3 -m moe_backend.cli bench --config deepseek_prefill --backend all --sms 24 --world-size 2 \
-  --out "$OUT/deepseek_prefill.json" > "$raw/deepseek_prefill.log" 2>&1
-echo "prefill rc $? at $(( $(date +%s) - T0 )) s"; grep -vE "^\s*$" "$raw/deepseek_prefill.log" | tail -12
-python3 -m moe_backend.cli compare results/gpu/2026-12-04-run43-x2/call1/deepseek_prefill.json "$OUT/deepseek_prefill.json" \
-  | tee "$raw/compare_prefill.txt"
+for preset in deepseek_decode deepseek_prefill; do
+  timeout 100 python3 -m moe_backend.cli bench --config $preset --backend all --sms 24 --world-size 2 \
+    --out "$OUT/$preset.json" > "$raw/$preset.log" 2>&1
+  echo "$preset rc $? at $(( $(date +%s) - T0 )) s"
+  python3 -m moe_backend.cli compare $R1/$preset.json "$OUT/$preset.json" --backends nvshmem-nvlink nvshmem-put nvshmem-nvlink-24sm | tee "$raw/compare_$preset.txt"
+done
 pack
-timeout 80 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem_single.py -k "async-rows" > $raw/tests_single.log 2>&1
-echo "one-GPU tests rc $? at $(( $(date +%s) - T0 )) s"; grep -E "PASSED|FAILED|ERROR|passed|failed" $raw/tests_single.log | tail -3
-AB_BENCH_ARGS="--backend nvshmem" timeout 70 bash scripts/gpu_ab_bench.sh $raw/ab_ws1 \
-  results/gpu/2026-12-04-run43-x2/call4/prefill_ws1_each.yaml base ${N}_COMBINE_FUSED=0 > $raw/ab_ws1.log 2>&1
-echo "ab ws1 rc $? at $(( $(date +%s) - T0 )) s"; cat $raw/ab_ws1/ab.txt
+AB_BENCH_ARGS="--backend nvshmem" timeout 80 bash scripts/gpu_ab_bench.sh $raw/ab_bycall deepseek_decode \
+  base ${N}_LL_COMBINE_BY_CALL=0 base ${N}_LL_COMBINE_BY_CALL=0 > $raw/ab_bycall.log 2>&1
+echo "ab by call rc $? at $(( $(date +%s) - T0 )) s"; cat $raw/ab_bycall/ab.txt
 pack
 timeout 130 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
   --out "$OUT/deepseek_sweep.json" --plot "$OUT/deepseek_sweep.png" > "$raw/deepseek_sweep.log" 2>&1
