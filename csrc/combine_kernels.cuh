@@ -559,7 +559,7 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
                                                    BulkRing& ring, bool bulk);
 __device__ void combine_finish(const Params& p, unsigned long long round);
 
-// The combine send's work, for its two kernels below. FUSED (combine_fused_kernel, the default
+// The combine send's work, for combine_send_kernel below. FUSED (the fused combine, the default
 // for arenas past the overlap limit, see create_ctx): the send items are taken from a
 // counter (state[2]); a warp that finds none left goes on to the receive items (counter
 // state[7]), so the receive starts where the send ends, in the same blocks, without a second
@@ -710,33 +710,20 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
   }
 }
 
-// The two-kernel combine's send (arenas up to the overlap limit, or COMBINE_FUSED=0; in decode-sized ones a
-// latency kernel): its parameters __grid_constant__ and their lines fetched together at entry
-// (round 48: decode combine 0.3-0.8 us faster; the two-kernel prefill combine at world size 1,
-// 4096 source tokens, did not slow: 178 -> 177 us).
-template <bool NVL, typename TY, typename TX, int N, int LOADS = LOADS_REGS, int TAGGED = TAG_NONE>
+// The combine send: the two-kernel combine's (arenas up to the overlap limit, or COMBINE_FUSED=0;
+// in decode-sized ones a latency kernel), its parameter lines fetched together at entry (round 48:
+// decode combine 0.3-0.8 us faster), or with FUSED the fused combine's (send items, then receive
+// items; prefill-sized arenas), without that warm-up (the form rounds 56-57 measured). Rounds 48-56
+// had the fused form 19 us slower with __grid_constant__ parameters (192 vs 173 us at world size 1,
+// prefill); run 42 found why: each receive warp ran its sums split (lane 0 apart from lanes 1-31,
+// after lane 0's flag poll). The receive now waits as a whole warp (wait_flags_warp).
+template <bool NVL, typename TY, typename TX, int N, int LOADS = LOADS_REGS, int TAGGED = TAG_NONE, bool FUSED = false>
 __global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
     combine_send_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
                         const __grid_constant__ RecvArgs<TY> ra) {
   stamp_entry(ST_CSEND);
-  warm_param_lines(p, ra);  // ra's line holds y and w too
-  combine_send_body<NVL, TY, TX, N, false, LOADS, TAGGED>(p, y, w, ra);
-  stamp_exit(ST_CSEND);
-}
-
-// The fused combine (send items, then receive items; prefill-sized arenas). Its parameters are
-// __grid_constant__ like the other kernels'. Rounds 48-56 found them 19 us slower here (192 vs 173
-// us at world size 1, prefill) and took them by value; run 42 found why: in that build ptxas left
-// each receive warp split (lane 0 apart from lanes 1-31, after lane 0's flag poll) through the
-// item's sums, so they ran twice. The receive now waits as a whole warp (wait_flags_warp), and
-// with __grid_constant__ the kernel takes 173.3-173.5 us (by value 173.8-173.9, run 42 call 2).
-// Its own kernel (round 56), without warm_param_lines: the form measured.
-template <bool NVL, typename TY, typename TX, int N, int LOADS>
-__global__ void __maxnreg__(LOADS == LOADS_BULK ? 128 : 96)
-    combine_fused_kernel(const __grid_constant__ Params p, const TY* __restrict__ y, const float* __restrict__ w,
-                         const __grid_constant__ RecvArgs<TY> ra) {
-  stamp_entry(ST_CSEND);
-  combine_send_body<NVL, TY, TX, N, true, LOADS, TAG_NONE>(p, y, w, ra);
+  if constexpr (!FUSED) warm_param_lines(p, ra);  // ra's line holds y and w too
+  combine_send_body<NVL, TY, TX, N, FUSED, LOADS, TAGGED>(p, y, w, ra);
   stamp_exit(ST_CSEND);
 }
 

@@ -931,10 +931,7 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
   constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
                        : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
                                              : 0;
-  constexpr auto kernel = [] {
-    if constexpr (FUSED) return combine_fused_kernel<NVL, TY, TX, N, LOADS>;
-    else return combine_send_kernel<NVL, TY, TX, N, LOADS, TAGGED>;
-  }();
+  constexpr auto kernel = combine_send_kernel<NVL, TY, TX, N, LOADS, TAGGED, FUSED>;
   static const int regs = [] {
     if (smem) CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return ready_kernel(kernel, NTHREADS, FUSED);
