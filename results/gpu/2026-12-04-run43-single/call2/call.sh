@@ -1,6 +1,6 @@
 #!/bin/bash
-# Run 43, call 2 (one H200): split warps in round 59's combine kernels (`main43`, the by-call instances of the 128-token
-# arena): `ncu` source counters of one launch each of the combine send and receive at 1 token
+# Run 43, call 2 (one H200): split warps in round 59's combine kernels (`main43`, built from main:
+# the by-call instances of the 128-token arena): `ncu` source counters of one launch each of the combine send and receive at 1 token
 # (tagged by call) and 128 tokens (plain by call), DeepSeek decode, world size 1, then
 # scripts/ncu_groups.py --split --runs on each export (round 57: a split warp runs the code after
 # the split twice).
