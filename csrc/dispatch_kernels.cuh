@@ -169,6 +169,16 @@ __global__ void __launch_bounds__(256) ce_flag_kernel(Params p, int t0, int t1, 
     }
 }
 
+// Copy-engine send with its flags copied (Ctx::ce_flag_copy): this round's number, written into
+// the own group's token flags of the own arena for the first `rows` tokens (slots no peer writes
+// and the receive never reads: the own group's tokens come from x), which each chunk's copy
+// stream then copies into its destinations' flags behind the chunk's rows. One block, launched as
+// the send starts, waiting on nothing.
+__global__ void __launch_bounds__(256) ce_round_fill_kernel(Params p, int rows) {
+  const unsigned long long round = p.state[0] + 1;
+  for (int t = (int)threadIdx.x; t < rows; t += blockDim.x) *sigp(p, p.sym, sig_token(p, p.group, t)) = round;
+}
+
 // Inclusive scan of one value per lane.
 __device__ __forceinline__ int warp_incl_scan(int v, int lane) {
   for (int d = 1; d < 32; d <<= 1) {

@@ -116,6 +116,10 @@ struct Ctx {
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
   double ce_decay = CE_DECAY;  // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
+  // The chunks' flags copied by the copy engines behind their rows, no flag kernel (round 60,
+  // MOE_BACKEND_NVSHMEM_CE_FLAG_COPY=1; `ce_filled`: the round written into the copies' source).
+  bool ce_flag_copy = false;
+  cudaEvent_t ce_filled = nullptr;
   Grids grids;  // the latency kernels' blocks, fixed per arena (size_grids)
 };
 
@@ -215,6 +219,7 @@ static void free_ctx(Ctx* cx) {
   if (cx->ce_flags) cudaStreamDestroy(cx->ce_flags);
   for (auto e : cx->ce_done) cudaEventDestroy(e);
   if (cx->ce_join) cudaEventDestroy(cx->ce_join);
+  if (cx->ce_filled) cudaEventDestroy(cx->ce_filled);
   if (cx->send_side) cudaStreamDestroy(cx->send_side);
   if (cx->send_join) cudaEventDestroy(cx->send_join);
   if (cx->side) cudaStreamDestroy(cx->side);  // pending work still completes
@@ -462,6 +467,13 @@ int64_t create_ctx(std::vector<int64_t> c) {
     cx->ce_done.resize(chunks);
     for (auto& e : cx->ce_done) CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUDA_OK(cudaEventCreateWithFlags(&cx->ce_join, cudaEventDisableTiming));
+    // Round 60 (prepared, not yet measured): each chunk's token flags copied by its copy stream
+    // right behind its rows, from the own arena's own-group flags (ce_round_fill_kernel), instead
+    // of a flag kernel behind the chunk's event: no event-to-kernel latency on the last chunk, and
+    // no kernel that needs an SM behind the copies (run 39's time-out). Not with SELF_SEND, whose
+    // receive reads the own group's flags.
+    cx->ce_flag_copy = p->own_group >= 0 && env_switch("MOE_BACKEND_NVSHMEM_CE_FLAG_COPY", false, true);
+    if (cx->ce_flag_copy) CUDA_OK(cudaEventCreateWithFlags(&cx->ce_filled, cudaEventDisableTiming));
   }
   if (cx->overlap || cx->comb_overlap || cx->comb_fused) {
     c10::cuda::CUDAGuard guard((c10::DeviceIndex)attr.device);
@@ -702,6 +714,11 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
   const Params& p = cx.p;
   CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.fork, 0));
   const std::vector<int64_t> starts = ce_chunk_starts(n, (int64_t)cx.ce_done.size(), cx.ce_decay);
+  if (cx.ce_flag_copy) {
+    ce_round_fill_kernel<<<1, 256, 0, cx.ce_flags>>>(p, n);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaEventRecord(cx.ce_filled, cx.ce_flags));
+  }
   const int chunks = (int)starts.size() - 1, nstreams = (int)cx.ce_copies.size();
   // A copy stream joins the fork only when it gets a chunk: every stream forked is then joined
   // back through its chunks' events (a stream left unjoined would break graph capture).
@@ -728,10 +745,21 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
         CUDA_OK(cudaMemcpy2DAsync(dst + aligned_row, p.slot_bytes, scale + (long long)t0 * p.scale_bytes, p.scale_bytes,
                                   p.scale_bytes, ntk, cudaMemcpyDeviceToDevice, copy));
     }
+    if (cx.ce_flag_copy) {
+      // The chunk's flags, every one of its tokens (past a device-side count too: the receive
+      // reads flags below the count only), on the same copy stream: after its rows' copies end.
+      CUDA_OK(cudaStreamWaitEvent(copy, cx.ce_filled, 0));
+      const long long flag0 = p.off_sig + sig_token(p, p.group, t0) * 8;
+      for (unsigned long long m = dests; m; m &= m - 1)
+        CUDA_OK(cudaMemcpyAsync(p.peer[__builtin_ctzll(m)] + flag0, p.sym + flag0, ntk * 8, cudaMemcpyDeviceToDevice,
+                                copy));
+    }
     CUDA_OK(cudaEventRecord(cx.ce_done[c], copy));
     CUDA_OK(cudaStreamWaitEvent(cx.ce_flags, cx.ce_done[c], 0));
-    ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests, cx.ce_flag_fence);
-    CUDA_OK(cudaGetLastError());
+    if (!cx.ce_flag_copy) {
+      ce_flag_kernel<<<1, 256, 0, cx.ce_flags>>>(p, t0, t1, nptr, dests, cx.ce_flag_fence);
+      CUDA_OK(cudaGetLastError());
+    }
   }
   CUDA_OK(cudaEventRecord(cx.ce_join, cx.ce_flags));
   cx.ce_pending = true;

@@ -76,8 +76,10 @@ kernel there that fits no SM beside the receive's waiting copy blocks deadlocked
 EP2 (docs/PERF_NOTES.md, run 39 at EP2). `MOE_BACKEND_NVSHMEM_CE_SEND=0` never, `=1` for every
 call, split ones too; `MOE_BACKEND_NVSHMEM_CE_CHUNKS=k` sets the chunks, `MOE_BACKEND_NVSHMEM_CE_DECAY=d`
 (0 < d <= 1, default 0.6; 1: equal) makes each chunk d times the one before, and
-`MOE_BACKEND_NVSHMEM_CE_STREAMS=k` (1..4, default 1) copies chunk c on stream c % k. It enables peer access to the
-peers' devices (a context on each).
+`MOE_BACKEND_NVSHMEM_CE_STREAMS=k` (1..4, default 1) copies chunk c on stream c % k. A one-block
+kernel behind each chunk's copies raises its token flags; `MOE_BACKEND_NVSHMEM_CE_FLAG_COPY=1`
+(prepared, not yet measured) has the chunk's copy stream copy them instead, right behind its
+rows. It enables peer access to the peers' devices (a context on each).
 Option `send_stream=True` also moves the dispatch send kernel off the caller's stream, so
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra

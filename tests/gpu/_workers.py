@@ -372,7 +372,9 @@ def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -
     dev = comm.device
     a = torch.randn(2048, 2048, device=dev).to(torch.bfloat16)
     forced = os.environ.get("MOE_BACKEND_NVSHMEM_CE_SEND") == "1"
-    flag_kernel = ("ce_flag_kernel",)
+    # The copy-engine send's kernels: its flag kernels, or the round fill where the copy engines
+    # copy the flags too (MOE_BACKEND_NVSHMEM_CE_FLAG_COPY=1).
+    ce_kernels = ("ce_flag_kernel", "ce_round_fill_kernel")
     try:
         for s in range(seed, seed + rounds):
             g = make_inputs(Case(spec, "uniform", s, True, "none"))[rank]
@@ -380,14 +382,13 @@ def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -
             args = (g.x.to(dev), g.topk_ids.to(dev), g.topk_weights.to(dev), None, g.num_tokens)
             what = f"seed {s}, rank {rank}, {tokens} tokens, {matmuls} matmuls between"
             out: list[Any] = []
-            by_ce = "ce_flag_kernel" in traced_kernels(_whole_dispatch, comm, args, out, names=flag_kernel)
+            by_ce = bool(traced_kernels(_whole_dispatch, comm, args, out, names=ce_kernels))
             assert by_ce or not forced, f"[{what}] a forced whole dispatch did not send by copy engine"
             whole = out.pop()
             want_tokens, want_counts = whole.tokens.clone(), whole.tokens_per_expert.clone()
             y = torch.zeros(whole.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev)
             comm.combine(y, whole.handle)
-            by_ce = "ce_flag_kernel" in traced_kernels(_send_work_receive, comm, args, a, matmuls, out,
-                                                       names=flag_kernel)
+            by_ce = bool(traced_kernels(_send_work_receive, comm, args, a, matmuls, out, names=ce_kernels))
             assert forced or not by_ce, f"[{what}] a split send went by copy engine"
             got = out.pop()
             total = int(want_counts.sum())

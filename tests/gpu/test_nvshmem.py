@@ -156,11 +156,13 @@ def test_contract_suite_with_copy_engine_send():
     call and arena (MOE_BACKEND_NVSHMEM_CE_SEND=1) with 3 chunks, so that chunk edges, scales
     (2D copies), tp replicas and device-side token counts are all crossed: the same results,
     rounds and CUDA-graph replays. Then 5 chunks that shrink (MOE_BACKEND_NVSHMEM_CE_DECAY)
-    copied on 2 streams (MOE_BACKEND_NVSHMEM_CE_STREAMS)."""
+    copied on 2 streams (MOE_BACKEND_NVSHMEM_CE_STREAMS), then with the chunks' flags copied by the
+    copy engines behind their rows, no flag kernel (MOE_BACKEND_NVSHMEM_CE_FLAG_COPY=1)."""
     base = {"MOE_BACKEND_NVSHMEM_CE_SEND": "1", "MOE_BACKEND_NVSHMEM_CE_CHUNKS": "3"}
     shrinking = {"MOE_BACKEND_NVSHMEM_CE_SEND": "1", "MOE_BACKEND_NVSHMEM_CE_CHUNKS": "5",
                  "MOE_BACKEND_NVSHMEM_CE_DECAY": "0.6", "MOE_BACKEND_NVSHMEM_CE_STREAMS": "2"}
-    for env in (base, shrinking):
+    copied = {**shrinking, "MOE_BACKEND_NVSHMEM_CE_FLAG_COPY": "1"}
+    for env in (base, shrinking, copied):
         _spawn(_contract_under_env, 6, max(4, COUNT // 2), env, ("nvlink",), 8, 4, 300)
 
 
