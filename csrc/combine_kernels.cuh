@@ -807,7 +807,18 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
       for (int c = 0; c < CC; ++c)
         if (h + c * 32 * N < h1) store_n<TO, N>(ra.out + (long long)t * H + h + c * 32 * N, acc[c]);
     };
-    bool summed = false;
+    auto sum_plain = [&] {
+      if (bulk && nr > 0) {
+        fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
+        sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
+      } else {
+        for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
+          float acc[C][N];
+          sum_rows<TX, N, C, RB, false, false>(sh_src, nullptr, nr, h, h1, acc);
+          store_out(h, acc);
+        }
+      }
+    };
     if constexpr (TAGGED != TAG_NONE) {  // sum_tagged_rows needs whole 16-byte vectors (TAGGED_VEC)
       if (tagged) {
         for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
@@ -815,19 +826,11 @@ __device__ __forceinline__ void combine_recv_items(const Params& p, const RecvAr
           sum_tagged_rows<TX, N, C>(p, reinterpret_cast<const char* const*>(sh_src), mask, nr, h, h1, round, acc);
           store_out(h, acc);
         }
-        summed = true;
+      } else {
+        sum_plain();
       }
-    }
-    if (summed) {
-    } else if (bulk && nr > 0) {
-      fence_proxy_async_global();  // the bulk copies (async proxy) read what the flags' acquire made visible
-      sum_units_bulk<TX, N>(sh_src, nr, h0, h1, ring, store_out);
     } else {
-      for (int h = h0 + lane * N; h < h1; h += 32 * N * C) {
-        float acc[C][N];
-        sum_rows<TX, N, C, RB, false, false>(sh_src, nullptr, nr, h, h1, acc);
-        store_out(h, acc);
-      }
+      sum_plain();
     }
     __syncwarp();
   }

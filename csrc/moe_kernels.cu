@@ -722,7 +722,7 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
   const int chunks = (int)starts.size() - 1, nstreams = (int)cx.ce_copies.size();
   // A copy stream joins the fork only when it gets a chunk: every stream forked is then joined
   // back through its chunks' events (a stream left unjoined would break graph capture).
-  std::vector<char> forked(nstreams, 0);
+  std::vector<char> forked(nstreams, 0), filled(nstreams, 0);
   const long long aligned_row = (p.row_bytes + 15) & ~15;
   for (int c = 0; c < chunks; ++c) {
     const int t0 = (int)starts[c], t1 = (int)starts[c + 1];
@@ -748,7 +748,10 @@ static void launch_ce_send(Ctx& cx, const char* x, const char* scale, const int*
     if (cx.ce_flag_copy) {
       // The chunk's flags, every one of its tokens (past a device-side count too: the receive
       // reads flags below the count only), on the same copy stream: after its rows' copies end.
-      CUDA_OK(cudaStreamWaitEvent(copy, cx.ce_filled, 0));
+      if (!filled[c % nstreams]) {  // once a stream: its later chunks come after this one
+        CUDA_OK(cudaStreamWaitEvent(copy, cx.ce_filled, 0));
+        filled[c % nstreams] = 1;
+      }
       const long long flag0 = p.off_sig + sig_token(p, p.group, t0) * 8;
       for (unsigned long long m = dests; m; m &= m - 1)
         CUDA_OK(cudaMemcpyAsync(p.peer[__builtin_ctzll(m)] + flag0, p.sym + flag0, ntk * 8, cudaMemcpyDeviceToDevice,
@@ -971,14 +974,19 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
 // Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
 // as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
 // blocks takes.
+// The combine instances' tagged form for this arena (Params::ll_comb, nvshmem_runtime.tagged_partials).
+static TagForm tag_form(const Params& p) {
+  return p.ll_comb >= p.M ? TAG_EVERY : p.ll_comb > 0 ? TAG_BY_CALL : TAG_NONE;
+}
+
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
                                  cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
   if constexpr (NVL && TAGGED_VEC<TX, N>) {
-    if (!rs && p.ll_comb >= p.M)
+    if (!rs && tag_form(p) == TAG_EVERY)
       return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
-    if (!rs && p.ll_comb)
+    if (!rs && tag_form(p) == TAG_BY_CALL)
       return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   }
   if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
@@ -1020,8 +1028,8 @@ template <typename TX, typename TO, int N, int TAGGED = TAG_NONE>
 static bool launch_combine_recv_n(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
                                   cudaStream_t s) {
   if constexpr (TAGGED == TAG_NONE && TAGGED_VEC<TX, N>) {
-    if (p.ll_comb >= p.M) return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, s);
-    if (p.ll_comb) return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, s);
+    if (tag_form(p) == TAG_EVERY) return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, s);
+    if (tag_form(p) == TAG_BY_CALL) return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, s);
   }
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);
