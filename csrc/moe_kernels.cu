@@ -60,8 +60,10 @@ static bool max_shared_carveout(K kernel, bool by_default = true) {
 // Blocks of the kernels whose items are one warp's each, fixed per arena (size_grids): the direct
 // receive and the fused dispatch (one item a warp, all at once), the two-kernel combine's send and
 // receive (grid-stride items).
+// split_recv: the direct receive of a split dispatch (dispatch_send, then dispatch_recv); the
+// fused dispatch takes `direct`.
 struct Grids {
-  int direct = 1, comb_send = 1, comb_recv = 1;
+  int direct = 1, split_recv = 1, comb_send = 1, comb_recv = 1;
 };
 
 // The copy-engine send's chunks each CE_DECAY times the one before (MOE_BACKEND_NVSHMEM_CE_DECAY),
@@ -183,14 +185,17 @@ static double dense_fraction(int E, int L, int topk) {
 // arena's direct receive had one block (G*M*P / NWARPS: a token's 14 pieces on one SM) and its
 // combine send and receive one each (a token's 14 slices on one SM, 4 warps of it in the receive
 // beside the send), 2-5 us slower than the same call in a 128-token arena (round 49).
-static Grids size_grids(const Params& p, bool per_item) {
+// compact_split: the split receive's grid by the arena's tokens whatever per_item says (round 61).
+static Grids size_grids(const Params& p, bool per_item, bool compact_split) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
   const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
+  const int compact = (int)((pieces + NWARPS - 1) / NWARPS);
   Grids g;
   // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
   // (i + tb) % grid), so with tb more blocks no item of the largest call waits behind the table's write.
-  g.direct = per_item ? on_sms(pieces + p.direct_blocks) : (int)((pieces + NWARPS - 1) / NWARPS);
+  g.direct = per_item ? on_sms(pieces + p.direct_blocks) : compact;
+  g.split_recv = compact_split ? compact : g.direct;
   g.comb_send = on_sms(per_item ? p.G * slices : (long long)p.G * p.M);
   g.comb_recv = on_sms(per_item ? slices : p.M);
   return g;
@@ -408,7 +413,15 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // Round 35: a whole dispatch with the direct receive in one launch; =0 keeps send + receive.
   cx->fused_dispatch = env_switch("MOE_BACKEND_NVSHMEM_FUSED_DISPATCH", true);
   // Round 50: grids by the largest call's items (size_grids); =0 by the arena's tokens.
-  cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true));
+  // Round 61: a send-stream arena's split receive by the arena's tokens. Such an arena is for work
+  // between the halves, and its receive, launched with the send, holds its blocks' SMs while it
+  // waits: the sweep's overlap row (a 2048^3 matmul of 128 one-SM tiles between the halves, 4 of
+  // 132 SMs free) went from 1.03x at 1 token (run 22, two receive blocks) to 1.15x (run 43, 30
+  // blocks, round 50); at world size 1 (run 37, as ITEM_GRIDS=0) 1 / 4 tokens 1.15 / 1.20x ->
+  // 1.07 / 1.06x, 16-128 tokens unchanged; not yet measured at EP2. COMPACT_RECV=0 never, =1 in
+  // every arena.
+  cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
+                         env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true));
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
@@ -602,8 +615,8 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::Ten
     auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
                    : p.ll_table ? dispatch_direct_kernel<true>
                                 : dispatch_direct_kernel<false>;
-    kernel<<<cx.grids.direct, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
-                                                                                   (int)x.size(0));
+    kernel<<<cx.grids.split_recv, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
+                                                                                       (int)x.size(0));
     CUDA_OK(cudaGetLastError());
     return out;
   }

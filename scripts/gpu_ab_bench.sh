@@ -57,8 +57,10 @@ except (OSError, KeyError, IndexError, ValueError) as err:
 for r in rows:
     ph = r["phases"]
     if "combine" in ph:
+        o = r.get("overlap")  # presets with overlap rows: overlapped / the longer alone
         print(f"{variant:<60} {r['backend']:<16}{r['num_tokens']:>6}: dispatch {ph['dispatch']['median']:7.1f} us"
-              f"  combine {ph['combine']['median']:7.1f} us")
+              f"  combine {ph['combine']['median']:7.1f} us"
+              + (f"  overlap {o['overlapped_us']:6.1f} us {o['ratio']:.2f}x" if o else ""))
 PY
 done
 cat "$out/ab.txt"

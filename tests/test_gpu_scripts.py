@@ -122,3 +122,39 @@ def test_gpu_env_builds_when_the_carried_build_does_not_load(tmp_path: Path) -> 
     assert "does not load here: building" in done.stdout
     built = sorted(p.name for p in (repo / "moe_backend").glob("_C*.so"))
     assert built == ["_C.built.so"], built  # the carried file removed, the build ran
+
+
+def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
+    """A prepared call's preamble (scripts/gpu_call.sh): the carried build unpacked and named, the
+    commit recorded, and each step's log written, its exit status and test summary printed and
+    packed, a failing or timed-out step not ending the call."""
+    import gzip
+    import tarfile
+
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / ".devso").mkdir()
+    out.mkdir()
+    (repo / "scripts" / "gpu_call.sh").write_text((ROOT / "scripts" / "gpu_call.sh").read_text())
+    (repo / "scripts" / "gpu_env.sh").write_text("echo env sourced\n")  # the device setup, not under test
+    with gzip.open(repo / ".devso" / "b.so.gz", "wt") as f:
+        f.write("carried")
+    (repo / ".commit").write_text("abc1234\n")
+    script = (
+        'set -u; source scripts/gpu_call.sh b; echo "DEVSO=$MOE_BACKEND_DEVSO COMMIT=$MOE_BACKEND_COMMIT N=$N"\n'
+        'step good good.log 20 bash -c "echo 3 passed in 1.0s"\n'
+        'step bad bad.log 20 bash -c "echo 1 failed, 2 passed; exit 3"\n'
+        "step slow slow.log 1 sleep 10\n"
+        "echo after\n"
+    )
+    done = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(out)})
+    assert done.returncode == 0, done
+    lines = done.stdout.splitlines()
+    assert lines[0] == "DEVSO=b COMMIT=abc1234 N=MOE_BACKEND_NVSHMEM", lines
+    assert lines[1].startswith("good rc 0 at ") and lines[2] == "3 passed in 1.0s", lines
+    assert lines[3].startswith("bad rc 3 at ") and lines[4] == "1 failed, 2 passed", lines
+    assert lines[5].startswith("slow rc 124 at ") and lines[6] == "after", lines
+    assert (repo / ".devso" / "b.so").read_text() == "carried"
+    with tarfile.open(out / "call.tgz") as tar:
+        assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]

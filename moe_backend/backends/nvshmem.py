@@ -84,6 +84,9 @@ Option `send_stream=True` also moves the dispatch send kernel off the caller's s
 work issued between `dispatch_send` and `dispatch_recv` runs beside the whole dispatch, not
 after the send kernel. For split use with work in between; off by default because the extra
 stream hop costs ~1-2 us on a dispatch with nothing in between (docs/PERF_NOTES.md, round 7).
+Such an arena's split receive also takes as few blocks as its tokens fill (a warp per piece,
+not a block per piece): it waits beside the caller's work, and every SM it holds is one that
+work cannot use (round 61; `MOE_BACKEND_NVSHMEM_COMPACT_RECV=0` never, `=1` in every arena).
 """
 
 from __future__ import annotations

@@ -258,40 +258,60 @@ def _dispatch_and_combine(comm: Communicator, x: torch.Tensor, ids: torch.Tensor
     comm.combine(result.tokens, result.handle)
 
 
-def _grids_worker(seed: int, per_item: bool) -> None:
-    os.environ["MOE_BACKEND_NVSHMEM_ITEM_GRIDS"] = "1" if per_item else "0"  # read when an arena is created
+def _split_dispatch(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> None:
+    result = comm.dispatch_send(x, ids).recv()
+    comm.combine(result.tokens, result.handle)
+
+
+def _grids_worker(seed: int, per_item: bool, compact_recv: str | None) -> None:
+    # Read when an arena is created.
+    os.environ["MOE_BACKEND_NVSHMEM_ITEM_GRIDS"] = "1" if per_item else "0"
+    if compact_recv is None:
+        os.environ.pop("MOE_BACKEND_NVSHMEM_COMPACT_RECV", None)
+    else:
+        os.environ["MOE_BACKEND_NVSHMEM_COMPACT_RECV"] = compact_recv
     device = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     hidden = 2048  # bf16 rows of 4096 bytes: 8 pieces of 512 bytes; combine slices of 512 elements: 4
     for tokens in (1, 32):
         spec = CommSpec(num_experts=16, topk=4, hidden=hidden, max_num_tokens=tokens, world_size=1)
-        comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True)
-        try:
-            gen = torch.Generator().manual_seed(seed + tokens)
-            ids = torch.rand(tokens, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32).to(device)
-            x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
-            first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
-            comm.combine(first.tokens, first.handle)
-            got = _workers.traced_grids(_dispatch_and_combine, comm, x, ids)
-            pieces, slices = tokens * 8, tokens * 4
-            if per_item:  # a block per item of the largest call (and the table's 2 blocks), while SMs last
-                want = {"dispatch_fused_kernel": min(sms, pieces + 2), "combine_send_kernel": min(sms, slices),
-                        "combine_recv_kernel": min(sms, slices)}
-            else:  # by the arena's tokens: a warp per piece, a block per token
-                want = {"dispatch_fused_kernel": -(-pieces // 16), "combine_send_kernel": min(sms, tokens),
-                        "combine_recv_kernel": min(sms, tokens)}
-            assert got == want, f"[{tokens}-token arena, ITEM_GRIDS={int(per_item)}] grids {got}, want {want}"
-        finally:
-            comm.close()
+        pieces, slices = tokens * 8, tokens * 4
+        by_tokens = -(-pieces // 16)  # a warp per piece
+        by_items = min(sms, pieces + 2)  # a block per item of the largest call, the table's 2 blocks first
+        gen = torch.Generator().manual_seed(seed + tokens)
+        ids = torch.rand(tokens, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32).to(device)
+        x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
+        for send_stream in (False, True):
+            comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=send_stream)
+            try:
+                first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
+                comm.combine(first.tokens, first.handle)
+                where = f"[{tokens}-token arena, send_stream={send_stream}, ITEM_GRIDS={int(per_item)}, " \
+                        f"COMPACT_RECV={compact_recv}]"
+                got = _workers.traced_grids(_dispatch_and_combine, comm, x, ids)
+                want = {"dispatch_fused_kernel": by_items if per_item else by_tokens,
+                        "combine_send_kernel": min(sms, slices if per_item else tokens),
+                        "combine_recv_kernel": min(sms, slices if per_item else tokens)}
+                assert got == want, f"{where} grids {got}, want {want}"
+                # The split receive (round 61): by the arena's tokens in a send-stream arena, unless
+                # COMPACT_RECV says otherwise; else as the fused dispatch.
+                compact = compact_recv == "1" or (compact_recv is None and send_stream)
+                split = _workers.traced_kernels(_split_dispatch, comm, x, ids, names=("dispatch_direct_kernel",))
+                got_split = split["dispatch_direct_kernel"]["grid"][0]
+                want_split = by_tokens if compact or not per_item else by_items
+                assert got_split == want_split, f"{where} split receive grid {got_split}, want {want_split}"
+            finally:
+                comm.close()
 
 
-@pytest.mark.parametrize("per_item", [True, False])
-def test_grids_follow_the_largest_call(per_item: bool) -> None:
+@pytest.mark.parametrize("per_item, compact_recv", [(True, None), (False, None), (True, "0"), (True, "1")])
+def test_grids_follow_the_largest_call(per_item: bool, compact_recv: str | None) -> None:
     """The direct receive and the combine launch a block per item of the arena's largest call
     while SMs last (round 50): a 1-token arena's 8 pieces on 8 blocks after the table's 2, its 4
     combine slices on 4; with ITEM_GRIDS=0, as many as the arena's tokens fill (one block each at
-    1 token)."""
-    launch.spawn(_grids_worker, 1, SEED, per_item, dist_backend="nccl", timeout=120)
+    1 token). A send-stream arena's split receive takes the arena's tokens' grid (round 61), every
+    arena's with COMPACT_RECV=1, none with COMPACT_RECV=0."""
+    launch.spawn(_grids_worker, 1, SEED, per_item, compact_recv, dist_backend="nccl", timeout=120)
 
 
 @pytest.mark.parametrize("wide", [True, False])

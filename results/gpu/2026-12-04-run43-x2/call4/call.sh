@@ -1,38 +1,27 @@
 #!/bin/bash
 # Prepared in run 43 for `nvidia-h200-x2` (refused there: no longer lent), call 4. Build main first
-# (`scripts/build_device_extension.sh main43`, gzip it; carry `.commit .devso`): run 43's defaults
+# (`scripts/build_device_extension.sh main44`, gzip it; carry `.commit .devso`): run 43's defaults
 # (the fused combine past the overlap limit, bulk row loads, copy-engine chunks shrinking by 0.6)
 # and round 59 (the decode arena's combine tagged by call). The decode record (compared with call
 # 1's, run 43's record before them), round 59 against LL_COMBINE_BY_CALL=0 alternately twice, the
 # prefill record, the EP2 tests, then the sweep with its plot: in that order, so that a short
 # lease returns the decode rows first (each step packs what it wrote).
 set -u
-raw=$OUT/raw; mkdir -p $raw
-for f in .devso/*.so.gz; do gunzip -f $f; done
-export MOE_BACKEND_DEVSO=main43 MOE_BACKEND_COMMIT=$(cat .commit)
-T0=$(date +%s)
-source scripts/gpu_env.sh > /dev/null 2>&1
-N=MOE_BACKEND_NVSHMEM
+source scripts/gpu_call.sh main44
 R1=results/gpu/2026-12-04-run43-x2/call1
-pack() { tar czf $OUT/call.tgz -C $raw .; }
 record() {
-  timeout 100 python3 -m moe_backend.cli bench --config $1 --backend all --sms 24 --world-size 2 \
-    --out "$OUT/$1.json" > "$raw/$1.log" 2>&1
-  echo "$1 rc $? at $(( $(date +%s) - T0 )) s"
+  step "$1" "$1.log" 100 python3 -m moe_backend.cli bench --config $1 --backend all --sms 24 --world-size 2 \
+    --out "$OUT/$1.json"
   python3 -m moe_backend.cli compare $R1/$1.json "$OUT/$1.json" --backends nvshmem-nvlink nvshmem-put nvshmem-nvlink-24sm | tee "$raw/compare_$1.txt"
   pack
 }
 record deepseek_decode
-AB_BENCH_ARGS="--backend nvshmem" timeout 80 bash scripts/gpu_ab_bench.sh $raw/ab_bycall deepseek_decode \
-  base ${N}_LL_COMBINE_BY_CALL=0 base ${N}_LL_COMBINE_BY_CALL=0 > $raw/ab_bycall.log 2>&1
-echo "ab by call rc $? at $(( $(date +%s) - T0 )) s"; cat $raw/ab_bycall/ab.txt
-pack
+step "ab by call" ab_bycall.log 80 env AB_BENCH_ARGS="--backend nvshmem" bash scripts/gpu_ab_bench.sh $raw/ab_bycall \
+  deepseek_decode base ${N}_LL_COMBINE_BY_CALL=0 base ${N}_LL_COMBINE_BY_CALL=0
+cat $raw/ab_bycall/ab.txt
 record deepseek_prefill
-timeout 200 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
-  -k "work_between or both_transports or fused_combine or few_sms or tagged_partials" > $raw/tests.log 2>&1
-echo "tests rc $? at $(( $(date +%s) - T0 )) s"; grep -E "PASSED|FAILED|ERROR|passed|failed" $raw/tests.log | tail -8
-pack
-timeout 130 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
-  --out "$OUT/deepseek_sweep.json" --plot "$OUT/deepseek_sweep.png" > "$raw/deepseek_sweep.log" 2>&1
-echo "sweep rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^(nvshmem-nvlink|overlap nvshmem-nvlink) " "$raw/deepseek_sweep.log" | head -24
-pack
+step tests tests.log 200 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
+  -k "work_between or both_transports or fused_combine or few_sms or tagged_partials"
+step sweep deepseek_sweep.log 130 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
+  --out "$OUT/deepseek_sweep.json" --plot "$OUT/deepseek_sweep.png"
+grep -E "^(nvshmem-nvlink|overlap nvshmem-nvlink) " "$raw/deepseek_sweep.log" | head -24

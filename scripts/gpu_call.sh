@@ -1,0 +1,27 @@
+# Sourced by a prepared GPU call (results/gpu/<run>/callN/call.sh, run on the device machine with
+# `carry: .commit .devso`): `source scripts/gpu_call.sh BUILD` unpacks the carried builds, puts
+# .devso/BUILD.so in place (scripts/build_device_extension.sh BUILD, then gzip), records .commit
+# as MOE_BACKEND_COMMIT, and defines:
+#   raw   the folder the call writes ($OUT/raw), packed into $OUT/call.tgz by `pack`;
+#   N     the nvshmem switches' prefix (env ${N}_CE_SEND=1 ...);
+#   step NAME LOG LIMIT CMD...   runs CMD for at most LIMIT seconds, its output into $raw/LOG,
+#         prints NAME's exit status, the seconds since the call began and the log's test summary
+#         lines, then packs: a call cut short still returns every finished step.
+for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+export MOE_BACKEND_DEVSO=$1 MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
+raw=$OUT/raw
+mkdir -p "$raw"
+T0=$(date +%s)
+source scripts/gpu_env.sh > /dev/null 2>&1
+N=MOE_BACKEND_NVSHMEM
+pack() { tar czf "$OUT/call.tgz" -C "$raw" .; }
+step() {
+  local name=$1 log=$raw/$2 limit=$3 rc
+  shift 3
+  timeout "$limit" "$@" > "$log" 2>&1
+  rc=$?
+  echo "$name rc $rc at $(( $(date +%s) - T0 )) s"
+  grep -E "PASSED|FAILED|ERROR|[0-9]+ (passed|failed)" "$log" | tail -8
+  pack
+  return 0
+}
