@@ -185,12 +185,17 @@ static double dense_fraction(int E, int L, int topk) {
 // arena's direct receive had one block (G*M*P / NWARPS: a token's 14 pieces on one SM) and its
 // combine send and receive one each (a token's 14 slices on one SM, 4 warps of it in the receive
 // beside the send), 2-5 us slower than the same call in a 128-token arena (round 49).
+// Blocks that give each of the arena's copy items (G*M tokens, copy_pieces pieces each) a warp.
+static long long item_warp_blocks(const Params& p) {
+  return ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS;
+}
+
 // compact_split: the split receive's grid by the arena's tokens whatever per_item says (round 61).
 static Grids size_grids(const Params& p, bool per_item, bool compact_split) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
   const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
-  const int compact = (int)((pieces + NWARPS - 1) / NWARPS);
+  const int compact = (int)item_warp_blocks(p);
   Grids g;
   // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
   // (i + tb) % grid), so with tb more blocks no item of the largest call waits behind the table's write.
@@ -207,10 +212,9 @@ static Grids size_grids(const Params& p, bool per_item, bool compact_split) {
 constexpr size_t DIRECT_MAX_SMEM = 32 * 1024;
 static size_t direct_send_smem(const Params& p) { return (size_t)p.E * ((p.M + 31) / 32) * 4; }
 static bool direct_recv_fits(const Params& p, bool transport_ok) {
-  const long long items = (long long)p.G * p.M * p.copy_pieces;
   return transport_ok && table_portions(p) == 1 && (long long)p.M * p.topk * 8 <= TABLE_PORTION_BYTES && p.M < 32768 &&
          p.E < 65536 && direct_send_smem(p) <= DIRECT_MAX_SMEM && (size_t)(p.G + 1) * p.L * 4 <= DIRECT_MAX_SMEM &&
-         (items + NWARPS - 1) / NWARPS <= p.num_sms;
+         item_warp_blocks(p) <= p.num_sms;
 }
 
 // Releases an arena context and what it holds (streams, events, kept tensors).
@@ -639,7 +643,7 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::Ten
   CUDA_OK(cudaGetLastError());
   // One warp per item while the items fit one block per SM (no work counter); else a counter
   // (then copy_pieces is 1).
-  const long long need = ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS;
+  const long long need = item_warp_blocks(p);
   const bool dynamic = need > (long long)p.num_sms;
   const int cblocks = (int)std::max(1LL, dynamic ? (long long)p.num_sms : need);
   Launch launch(cblocks, NTHREADS, stream, copy_pdl(dynamic));
@@ -984,13 +988,14 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
   return regs;
 }
 
-// Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
-// as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
-// blocks takes.
 // The combine instances' tagged form for this arena (Params::ll_comb, nvshmem_runtime.tagged_partials).
 static TagForm tag_form(const Params& p) {
   return p.ll_comb >= p.M ? TAG_EVERY : p.ll_comb > 0 ? TAG_BY_CALL : TAG_NONE;
 }
+
+// Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
+// as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
+// blocks takes.
 
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
