@@ -64,6 +64,9 @@ static bool max_shared_carveout(K kernel, bool by_default = true) {
 // fused dispatch takes `direct`.
 struct Grids {
   int direct = 1, split_recv = 1, comb_send = 1, comb_recv = 1;
+  // The split receive's pieces per token and early load (the arena's own but in a send-stream
+  // arena, round 62), and the split send's block cap (0: none).
+  int split_pieces = 1, split_early = 0, split_send = 0;
 };
 
 // The copy-engine send's chunks each CE_DECAY times the one before (MOE_BACKEND_NVSHMEM_CE_DECAY),
@@ -155,8 +158,8 @@ int64_t num_sms(int64_t device);
 // rate (decode, 128 tokens: the copy took 12 us; 5 us in pieces, round 13).
 // MOE_BACKEND_NVSHMEM_COPY_PIECES=k caps it (k = 1: one warp per token, for A/B runs).
 constexpr int COPY_MIN_PIECE = 512;
-static int copy_pieces(const Params& p) {
-  const long long by_work = (long long)p.num_sms * NWARPS / ((long long)p.G * p.M);
+static int copy_pieces(const Params& p, int sms) {
+  const long long by_work = (long long)sms * NWARPS / ((long long)p.G * p.M);
   const long long by_size = p.row_bytes / COPY_MIN_PIECE;
   const char* v = std::getenv("MOE_BACKEND_NVSHMEM_COPY_PIECES");
   const long long cap = v && *v ? std::atoi(v) : 64;
@@ -190,17 +193,38 @@ static long long item_warp_blocks(const Params& p) {
   return ((long long)p.G * p.M * p.copy_pieces + NWARPS - 1) / NWARPS;
 }
 
+// Round 25: the direct receive may load an own token's piece before the tables are in where a
+// piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
+static bool early_load_fits(const Params& p) {
+  const int n16 = p.row_bytes >> 4, per16 = (n16 + p.copy_pieces - 1) / p.copy_pieces;
+  return p.row_bytes % 16 == 0 && per16 <= 32 * EARLY_UNROLL && p.scale_bytes % 16 == 0 && p.scale_bytes <= 512;
+}
+
 // compact_split: the split receive's grid by the arena's tokens whatever per_item says (round 61).
-static Grids size_grids(const Params& p, bool per_item, bool compact_split) {
+// overlap_sms (send-stream arenas, round 62; p.num_sms: none): the split dispatch of an arena with
+// the direct receive sized for that many SMs, its receive's pieces as copy_pieces gives them on
+// overlap_sms SMs (a warp per item, so at least a warp per token) and its send at most
+// SEND_BLOCKS_PER_SM blocks each.
+static Grids size_grids(const Params& p, bool per_item, bool compact_split, int overlap_sms) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
   const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
-  const int compact = (int)item_warp_blocks(p);
   Grids g;
   // The direct kernels give the items to the blocks after the table's direct_blocks (item i to block
   // (i + tb) % grid), so with tb more blocks no item of the largest call waits behind the table's write.
-  g.direct = per_item ? on_sms(pieces + p.direct_blocks) : compact;
-  g.split_recv = compact_split ? compact : g.direct;
+  g.direct = per_item ? on_sms(pieces + p.direct_blocks) : (int)item_warp_blocks(p);
+  g.split_pieces = p.copy_pieces;
+  g.split_early = p.early_load;
+  if (p.direct && overlap_sms < p.num_sms) {
+    Params q = p;
+    q.copy_pieces = copy_pieces(p, overlap_sms);
+    g.split_pieces = q.copy_pieces;
+    g.split_early = p.early_load && early_load_fits(q);
+    g.split_send = SEND_BLOCKS_PER_SM * overlap_sms;
+    g.split_recv = (int)item_warp_blocks(q);
+  } else {
+    g.split_recv = compact_split ? (int)item_warp_blocks(p) : g.direct;
+  }
   g.comb_send = on_sms(per_item ? p.G * slices : (long long)p.G * p.M);
   g.comb_recv = on_sms(per_item ? slices : p.M);
   return g;
@@ -286,7 +310,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
               ") cannot hold the ", flags, " flags of this arena");
   }
   const long long sources = (long long)p->G * p->M;
-  p->copy_pieces = copy_pieces(*p);
+  p->copy_pieces = copy_pieces(*p, p->num_sms);
   // Direct receive wherever it fits (round 16: decode dispatch 21.3 -> 17.4 us at 1 token,
   // 26.7 -> 24.4 at 128); =0 keeps the plan and copy kernels.
   // Round 25: the direct table in round-tagged words that the receive polls (no announce, no
@@ -343,14 +367,8 @@ int64_t create_ctx(std::vector<int64_t> c) {
                                  p->off_stage_disp - p->off_comb >=
                                      (long long)p->W * (p->M + 2LL * p->ll_comb) * p->part_bytes)),
             "create_ctx: tagged combine partials need the nvlink transport, hidden % 8 == 0 and their region");
-  // Round 25: the direct receive loads an own token's piece before the tables are in, where a
-  // piece fits the registers (EARLY_UNROLL vectors per lane) and rows and scales are 16-byte vectors.
-  {
-    const int n16 = p->row_bytes >> 4, per16 = (n16 + p->copy_pieces - 1) / p->copy_pieces;
-    const bool fits = p->row_bytes % 16 == 0 && per16 <= 32 * EARLY_UNROLL && p->scale_bytes % 16 == 0 &&
-                      p->scale_bytes <= 512;
-    p->early_load = p->direct && fits && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
-  }
+  // Round 25: the direct receive's early load of an own token's piece (early_load_fits).
+  p->early_load = p->direct && early_load_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
   // Round 55: the put send's rows without scales go from x to P2P peers, unstaged (=0 stages
   // every row, as before).
@@ -424,8 +442,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // blocks, round 50); at world size 1 (run 37, as ITEM_GRIDS=0) 1 / 4 tokens 1.15 / 1.20x ->
   // 1.07 / 1.06x, 16-128 tokens unchanged; not yet measured at EP2. COMPACT_RECV=0 never, =1 in
   // every arena.
+  // Round 62: a send-stream arena's split dispatch sized for MOE_BACKEND_NVSHMEM_OVERLAP_SMS SMs
+  // (size_grids; default: every SM, round 61's grids), e.g. the 4 that the overlap row's matmul
+  // leaves free: its receive's items on as many blocks, its send on 3 blocks each.
+  int overlap_sms = p->num_sms;
+  if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP_SMS"); send_stream && v && *v)
+    overlap_sms = std::max(1, std::min(p->num_sms, std::atoi(v)));
   cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
-                         env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true));
+                         env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true), overlap_sms);
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
@@ -619,8 +643,11 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::Ten
     auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
                    : p.ll_table ? dispatch_direct_kernel<true>
                                 : dispatch_direct_kernel<false>;
-    kernel<<<cx.grids.split_recv, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(p, direct_out(out), xp, xsp,
-                                                                                       (int)x.size(0));
+    Params pr = p;  // the split receive's pieces (size_grids)
+    pr.copy_pieces = cx.grids.split_pieces;
+    pr.early_load = cx.grids.split_early;
+    kernel<<<cx.grids.split_recv, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(pr, direct_out(out), xp, xsp,
+                                                                                        (int)x.size(0));
     CUDA_OK(cudaGetLastError());
     return out;
   }
@@ -832,6 +859,7 @@ static at::Tensor send_op(const at::Tensor& x, const at::Tensor& ids, const std:
   const int rows = in.rows;
   const int per_replica = (p.M + p.tp - 1) / p.tp;
   int blocks = std::max(1, std::min(SEND_BLOCKS_PER_SM * p.num_sms, per_replica));
+  if (send_stream != stream && cx.grids.split_send > 0) blocks = std::min(blocks, cx.grids.split_send);
   static const bool carve = max_shared_carveout(dispatch_send_kernel<true>) &&
                             max_shared_carveout(dispatch_send_kernel<true, true>) &&
                             max_shared_carveout(dispatch_send_kernel<false>);

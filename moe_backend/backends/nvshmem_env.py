@@ -25,7 +25,7 @@ SWITCHES = frozenset({
 })
 # Counts the kernels read with atoi (which would take "eight" as 0): positive integers only; the
 # C++ side clamps them to its range.
-COUNTS = frozenset({"CE_CHUNKS", "CE_STREAMS", "COPY_PIECES", "DIRECT_TABLE_BLOCKS"})
+COUNTS = frozenset({"CE_CHUNKS", "CE_STREAMS", "COPY_PIECES", "DIRECT_TABLE_BLOCKS", "OVERLAP_SMS"})
 # Read and checked by their own readers: CE_DECAY (create_ctx), COMBINE_ITEMS, LL_COMBINE,
 # LL_COMBINE_BY_CALL, LL_ROWS, BOOTSTRAP (nvshmem_runtime), PRESET (the launch scripts' transport
 # preset, scripts/slurm).

@@ -263,13 +263,14 @@ def _split_dispatch(comm: Communicator, x: torch.Tensor, ids: torch.Tensor) -> N
     comm.combine(result.tokens, result.handle)
 
 
-def _grids_worker(seed: int, per_item: bool, compact_recv: str | None) -> None:
+def _grids_worker(seed: int, per_item: bool, compact_recv: str | None, overlap_sms: int | None) -> None:
     # Read when an arena is created.
     os.environ["MOE_BACKEND_NVSHMEM_ITEM_GRIDS"] = "1" if per_item else "0"
-    if compact_recv is None:
-        os.environ.pop("MOE_BACKEND_NVSHMEM_COMPACT_RECV", None)
-    else:
-        os.environ["MOE_BACKEND_NVSHMEM_COMPACT_RECV"] = compact_recv
+    for name, value in (("COMPACT_RECV", compact_recv), ("OVERLAP_SMS", overlap_sms)):
+        if value is None:
+            os.environ.pop(f"MOE_BACKEND_NVSHMEM_{name}", None)
+        else:
+            os.environ[f"MOE_BACKEND_NVSHMEM_{name}"] = str(value)
     device = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     hidden = 2048  # bf16 rows of 4096 bytes: 8 pieces of 512 bytes; combine slices of 512 elements: 4
@@ -287,7 +288,7 @@ def _grids_worker(seed: int, per_item: bool, compact_recv: str | None) -> None:
                 first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
                 comm.combine(first.tokens, first.handle)
                 where = f"[{tokens}-token arena, send_stream={send_stream}, ITEM_GRIDS={int(per_item)}, " \
-                        f"COMPACT_RECV={compact_recv}]"
+                        f"COMPACT_RECV={compact_recv}, OVERLAP_SMS={overlap_sms}]"
                 got = _workers.traced_grids(_dispatch_and_combine, comm, x, ids)
                 want = {"dispatch_fused_kernel": by_items if per_item else by_tokens,
                         "combine_send_kernel": min(sms, slices if per_item else tokens),
@@ -296,22 +297,36 @@ def _grids_worker(seed: int, per_item: bool, compact_recv: str | None) -> None:
                 # The split receive (round 61): by the arena's tokens in a send-stream arena, unless
                 # COMPACT_RECV says otherwise; else as the fused dispatch.
                 compact = compact_recv == "1" or (compact_recv is None and send_stream)
-                split = _workers.traced_kernels(_split_dispatch, comm, x, ids, names=("dispatch_direct_kernel",))
+                split = _workers.traced_kernels(_split_dispatch, comm, x, ids,
+                                                names=("dispatch_direct_kernel", "dispatch_send_kernel"))
                 got_split = split["dispatch_direct_kernel"]["grid"][0]
                 want_split = by_tokens if compact or not per_item else by_items
+                want_send = tokens  # a block per token while 3 blocks per SM last
+                if send_stream and overlap_sms is not None:
+                    # Round 62: the pieces that fill overlap_sms blocks (at most the row's 8), the send
+                    # on 3 blocks per SM of them.
+                    per_token = max(1, min(overlap_sms * 16 // tokens, 8))
+                    want_split = -(-tokens * per_token // 16)
+                    want_send = min(tokens, 3 * overlap_sms)
                 assert got_split == want_split, f"{where} split receive grid {got_split}, want {want_split}"
+                got_send = split["dispatch_send_kernel"]["grid"][0]
+                assert got_send == want_send, f"{where} split send grid {got_send}, want {want_send}"
             finally:
                 comm.close()
 
 
-@pytest.mark.parametrize("per_item, compact_recv", [(True, None), (False, None), (True, "0"), (True, "1")])
-def test_grids_follow_the_largest_call(per_item: bool, compact_recv: str | None) -> None:
+@pytest.mark.parametrize("per_item, compact_recv, overlap_sms",
+                         [(True, None, None), (False, None, None), (True, "0", None), (True, "1", None),
+                          (True, None, 4), (True, None, 1)])
+def test_grids_follow_the_largest_call(per_item: bool, compact_recv: str | None, overlap_sms: int | None) -> None:
     """The direct receive and the combine launch a block per item of the arena's largest call
     while SMs last (round 50): a 1-token arena's 8 pieces on 8 blocks after the table's 2, its 4
     combine slices on 4; with ITEM_GRIDS=0, as many as the arena's tokens fill (one block each at
     1 token). A send-stream arena's split receive takes the arena's tokens' grid (round 61), every
-    arena's with COMPACT_RECV=1, none with COMPACT_RECV=0."""
-    launch.spawn(_grids_worker, 1, SEED, per_item, compact_recv, dist_backend="nccl", timeout=120)
+    arena's with COMPACT_RECV=1, none with COMPACT_RECV=0. With OVERLAP_SMS=k (round 62) a
+    send-stream arena's split dispatch is sized for k SMs: the receive's pieces fill k blocks (32
+    tokens: 2 pieces on 4 blocks at k=4, 1 piece on 2 blocks at k=1), the send has 3k blocks."""
+    launch.spawn(_grids_worker, 1, SEED, per_item, compact_recv, overlap_sms, dist_backend="nccl", timeout=120)
 
 
 @pytest.mark.parametrize("wide", [True, False])
