@@ -200,11 +200,25 @@ static bool early_load_fits(const Params& p) {
   return p.row_bytes % 16 == 0 && per16 <= 32 * EARLY_UNROLL && p.scale_bytes % 16 == 0 && p.scale_bytes <= 512;
 }
 
+// Round 62's default: a send-stream arena's split dispatch on the 4 SMs that a one-wave matmul of
+// one-SM tiles leaves free (the bench's overlap row: 128 tiles on 132 SMs, round 21), where the
+// arena's expected rows (uniform routing: topk * L / E local experts a source token) fit those
+// SMs' stores in ~8 us (OVERLAP_BYTES_PER_SM at ~62 GB/s an SM, sm_ceilings), so a matmul of
+// about the dispatch's length hides them. Measured at world size 1 (run 44 call 4, the sweep's
+// overlap rows, bf16 rows of 14 KB): 16 tokens (1.8 MB) 31.1-32.1 -> 27.6-28.2 us; 64 tokens
+// (7.3 MB, 4 SMs forced) 32.0-33.4 -> 51.2-52.7 us, hence the bound.
+constexpr int OVERLAP_SMS = 4;
+constexpr double OVERLAP_BYTES_PER_SM = 512.0 * 1024;
+static bool overlap_rows_fit(const Params& p) {
+  const double rows = (double)p.G * p.M * p.topk * p.L / p.E;
+  return rows * (p.row_bytes + p.scale_bytes) <= OVERLAP_SMS * OVERLAP_BYTES_PER_SM;
+}
+
 // compact_split: the split receive's grid by the arena's tokens whatever per_item says (round 61).
-// overlap_sms (send-stream arenas, round 62; p.num_sms: none): the split dispatch of an arena with
-// the direct receive sized for that many SMs, its receive's pieces as copy_pieces gives them on
-// overlap_sms SMs (a warp per item, so at least a warp per token) and its send at most
-// SEND_BLOCKS_PER_SM blocks each.
+// overlap_sms (send-stream arenas, round 62; p.num_sms: none): with compact_split, the split
+// dispatch of an arena with the direct receive sized for that many SMs: its receive's pieces as
+// copy_pieces gives them on overlap_sms SMs (a warp per item, so at least a warp per token), its
+// send at most SEND_BLOCKS_PER_SM blocks each.
 static Grids size_grids(const Params& p, bool per_item, bool compact_split, int overlap_sms) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
   const long long slices = (long long)p.M * max_slices(p.H);
@@ -215,7 +229,7 @@ static Grids size_grids(const Params& p, bool per_item, bool compact_split, int 
   g.direct = per_item ? on_sms(pieces + p.direct_blocks) : (int)item_warp_blocks(p);
   g.split_pieces = p.copy_pieces;
   g.split_early = p.early_load;
-  if (p.direct && overlap_sms < p.num_sms) {
+  if (compact_split && p.direct && overlap_sms < p.num_sms) {
     Params q = p;
     q.copy_pieces = copy_pieces(p, overlap_sms);
     g.split_pieces = q.copy_pieces;
@@ -442,10 +456,10 @@ int64_t create_ctx(std::vector<int64_t> c) {
   // blocks, round 50); at world size 1 (run 37, as ITEM_GRIDS=0) 1 / 4 tokens 1.15 / 1.20x ->
   // 1.07 / 1.06x, 16-128 tokens unchanged; not yet measured at EP2. COMPACT_RECV=0 never, =1 in
   // every arena.
-  // Round 62: a send-stream arena's split dispatch sized for MOE_BACKEND_NVSHMEM_OVERLAP_SMS SMs
-  // (size_grids; default: every SM, round 61's grids), e.g. the 4 that the overlap row's matmul
-  // leaves free: its receive's items on as many blocks, its send on 3 blocks each.
-  int overlap_sms = p->num_sms;
+  // Round 62: a send-stream arena's split dispatch sized for OVERLAP_SMS SMs where its rows fit
+  // them (overlap_rows_fit), else every SM (round 61's grids); MOE_BACKEND_NVSHMEM_OVERLAP_SMS=k
+  // sizes it for k SMs whatever the rows (k >= the SMs: round 61's grids in every arena).
+  int overlap_sms = send_stream && overlap_rows_fit(*p) ? OVERLAP_SMS : p->num_sms;
   if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP_SMS"); send_stream && v && *v)
     overlap_sms = std::max(1, std::min(p->num_sms, std::atoi(v)));
   cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),

@@ -273,12 +273,15 @@ def _grids_worker(seed: int, per_item: bool, compact_recv: str | None, overlap_s
             os.environ[f"MOE_BACKEND_NVSHMEM_{name}"] = str(value)
     device = torch.device("cuda", 0)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    hidden = 2048  # bf16 rows of 4096 bytes: 8 pieces of 512 bytes; combine slices of 512 elements: 4
-    for tokens in (1, 32):
+    # bf16 rows of 2048 elements (4096 bytes): 8 pieces of 512 bytes, 4 combine slices of 512
+    # elements; rows of 16384 (32 KB) pass round 62's bound (4 SMs x 512 KB of expected rows).
+    for tokens, hidden in ((1, 2048), (32, 2048), (32, 16384)):
         spec = CommSpec(num_experts=16, topk=4, hidden=hidden, max_num_tokens=tokens, world_size=1)
-        pieces, slices = tokens * 8, tokens * 4
+        per_row = hidden * 2 // 512
+        pieces, slices = tokens * min(per_row, sms * 16 // tokens, 64), tokens * (hidden // 512)
         by_tokens = -(-pieces // 16)  # a warp per piece
         by_items = min(sms, pieces + 2)  # a block per item of the largest call, the table's 2 blocks first
+        rows_fit = tokens * 4 * hidden * 2 <= 4 * 512 * 1024  # 4 local experts a token
         gen = torch.Generator().manual_seed(seed + tokens)
         ids = torch.rand(tokens, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32).to(device)
         x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(device)
@@ -287,7 +290,7 @@ def _grids_worker(seed: int, per_item: bool, compact_recv: str | None, overlap_s
             try:
                 first = comm.dispatch(x, ids)  # a first round: one-time setup out of the trace
                 comm.combine(first.tokens, first.handle)
-                where = f"[{tokens}-token arena, send_stream={send_stream}, ITEM_GRIDS={int(per_item)}, " \
+                where = f"[{tokens}-token arena of {hidden}, send_stream={send_stream}, ITEM_GRIDS={int(per_item)}, " \
                         f"COMPACT_RECV={compact_recv}, OVERLAP_SMS={overlap_sms}]"
                 got = _workers.traced_grids(_dispatch_and_combine, comm, x, ids)
                 want = {"dispatch_fused_kernel": by_items if per_item else by_tokens,
@@ -302,12 +305,14 @@ def _grids_worker(seed: int, per_item: bool, compact_recv: str | None, overlap_s
                 got_split = split["dispatch_direct_kernel"]["grid"][0]
                 want_split = by_tokens if compact or not per_item else by_items
                 want_send = tokens  # a block per token while 3 blocks per SM last
-                if send_stream and overlap_sms is not None:
-                    # Round 62: the pieces that fill overlap_sms blocks (at most the row's 8), the send
-                    # on 3 blocks per SM of them.
-                    per_token = max(1, min(overlap_sms * 16 // tokens, 8))
+                # Round 62: a compact send-stream arena's split dispatch sized for k SMs (OVERLAP_SMS,
+                # by default 4 where the expected rows fit): the pieces that fill k blocks, at most
+                # the row's, the send on 3 blocks per SM of them.
+                k = overlap_sms if overlap_sms is not None else (4 if rows_fit else None)
+                if send_stream and compact and k is not None:
+                    per_token = max(1, min(k * 16 // tokens, per_row, 64))
                     want_split = -(-tokens * per_token // 16)
-                    want_send = min(tokens, 3 * overlap_sms)
+                    want_send = min(tokens, 3 * k)
                 assert got_split == want_split, f"{where} split receive grid {got_split}, want {want_split}"
                 got_send = split["dispatch_send_kernel"]["grid"][0]
                 assert got_send == want_send, f"{where} split send grid {got_send}, want {want_send}"
@@ -323,9 +328,11 @@ def test_grids_follow_the_largest_call(per_item: bool, compact_recv: str | None,
     while SMs last (round 50): a 1-token arena's 8 pieces on 8 blocks after the table's 2, its 4
     combine slices on 4; with ITEM_GRIDS=0, as many as the arena's tokens fill (one block each at
     1 token). A send-stream arena's split receive takes the arena's tokens' grid (round 61), every
-    arena's with COMPACT_RECV=1, none with COMPACT_RECV=0. With OVERLAP_SMS=k (round 62) a
-    send-stream arena's split dispatch is sized for k SMs: the receive's pieces fill k blocks (32
-    tokens: 2 pieces on 4 blocks at k=4, 1 piece on 2 blocks at k=1), the send has 3k blocks."""
+    arena's with COMPACT_RECV=1, none with COMPACT_RECV=0. Round 62: a send-stream arena's split
+    dispatch is sized for 4 SMs where its expected rows fit them (the 32-token arena of 4 KB rows,
+    not of 32 KB rows), for k with OVERLAP_SMS=k whatever the rows: the receive's pieces fill k
+    blocks (32 tokens of 4 KB rows: 2 pieces on 4 blocks at k=4, 1 piece on 2 blocks at k=1), the
+    send has 3k blocks."""
     launch.spawn(_grids_worker, 1, SEED, per_item, compact_recv, overlap_sms, dist_backend="nccl", timeout=120)
 
 
