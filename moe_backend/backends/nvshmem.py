@@ -87,6 +87,9 @@ stream hop costs ~1-2 us on a dispatch with nothing in between (docs/PERF_NOTES.
 Such an arena's split receive also takes as few blocks as its tokens fill (a warp per piece,
 not a block per piece): it waits beside the caller's work, and every SM it holds is one that
 work cannot use (round 61; `MOE_BACKEND_NVSHMEM_COMPACT_RECV=0` never, `=1` in every arena).
+Where the arena's expected rows fit ~8 us of 4 SMs' stores (up to 16 bf16 DeepSeek tokens a rank),
+its split send and receive are sized for the 4 SMs a one-wave matmul leaves free (round 62;
+`MOE_BACKEND_NVSHMEM_OVERLAP_SMS=k`: k SMs whatever the rows, k >= the GPU's SMs: never).
 """
 
 from __future__ import annotations
