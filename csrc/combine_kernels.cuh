@@ -599,7 +599,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
   const int S = call_slices(p);
   // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb; by call for TAG_BY_CALL):
   // the two-kernel nvlink combine with register row loads and whole 16-byte vectors.
-  static_assert(!TAGGED || (NVL && !FUSED && LOADS == LOADS_REGS && TAGGED_VEC<TX, N>), "no tagged form here");
+  static_assert(!TAGGED || (!FUSED && LOADS == LOADS_REGS && TAGGED_VEC<TX, N>), "no tagged form here");
   const bool tagged = call_tagged<TAGGED>(p);
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
@@ -631,15 +631,24 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     // each replica's address per chunk); the others, when tp > 1, in a loop.
     TX* const dst0 = NVL ? reinterpret_cast<TX*>(p.peer[g * p.tp] + dst_off) : nullptr;
     const long long tag_off = tagged ? comb_tagged_off(p, p.rank, t) : 0;
+    // put (round 63): the other replicas' tagged words staged after the plain partials' staging,
+    // slot (g, t) for t < ll_comb (a tagged call has no more tokens), then put with no signal.
+    const long long tag_slot = (long long)G * M + 2LL * ((long long)g * p.ll_comb + t);  // in part_bytes
+    char* const tag_stage = !NVL && tagged ? p.sym + p.off_stage_comb + tag_slot * p.part_bytes : nullptr;
     auto emit = [&]<int CC>(int h, float (&acc)[CC][N]) {  // CC: the step's chunks (bulk_chunks with bulk loads)
 #pragma unroll
       for (int c = 0; c < CC; ++c) {
         const int hh = h + c * 32 * N;
         if (hh < h1) {
           if (tagged) {
+            if constexpr (NVL) {
 #pragma unroll 1
-            for (int q = 0; q < p.tp; ++q)
-              store_tagged_n<TX, N>(p.peer[g * p.tp + q] + tag_off + 2LL * hh * sizeof(TX), acc[c], round);
+              for (int q = 0; q < p.tp; ++q)
+                store_tagged_n<TX, N>(p.peer[g * p.tp + q] + tag_off + 2LL * hh * sizeof(TX), acc[c], round);
+            } else {
+              if (self_q >= 0) store_tagged_n<TX, N>(p.sym + tag_off + 2LL * hh * sizeof(TX), acc[c], round);
+              if (staged) store_tagged_n<TX, N>(tag_stage + 2LL * hh * sizeof(TX), acc[c], round);
+            }
           } else if constexpr (NVL) {
             store_n<TX, N>(dst0 + hh, acc[c]);
 #pragma unroll 1
@@ -671,7 +680,14 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     __syncwarp();
     stamp_exit(ST_CSEND_SUMMED);
     if (tagged) {
-      // No flag: the words carry their round.
+      // No flag: the words carry their round. put: the staged words to the other replicas.
+      if constexpr (!NVL) {
+        if (staged && h1 > h0)
+          for (int q = 0; q < p.tp; ++q)
+            if (q != self_q)
+              nvshmemx_putmem_nbi_warp(p.sym + tag_off + 2LL * h0 * sizeof(TX), tag_stage + 2LL * h0 * sizeof(TX),
+                                       2 * (size_t)(h1 - h0) * sizeof(TX), p.pe[g * p.tp + q]);
+      }
     } else if constexpr (NVL) {
       // The release store alone orders the warp's partial stores before the flag (cumulative
       // over the lanes' writes that __syncwarp ordered before it): no fence.sc.sys in front,

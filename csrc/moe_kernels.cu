@@ -374,13 +374,14 @@ int64_t create_ctx(std::vector<int64_t> c) {
     p->ll_rows = rows_tagged && crossing && p->ll_table && p->nvl && fits ? 1 : 0;
   }
   // The combine's round-tagged partials (the TAGGED instances, round 49; by call, round 59), as the
-  // layout chose them (nvshmem_runtime.tagged_partials): nvlink, rows of whole 16-byte vectors
-  // (H % 8 == 0, the N = 8 instances), their region of ll_comb <= M tokens after the plain partials.
+  // layout chose them (nvshmem_runtime.tagged_partials): nvlink, or put with PUT_TAGGED=1 (round
+  // 63: staged after the plain partials' staging, then put with no signal), rows of whole 16-byte
+  // vectors (H % 8 == 0, the N = 8 instances), their region of ll_comb <= M tokens after the plain
+  // partials.
   MOE_CHECK(p->ll_comb >= 0 && p->ll_comb <= p->M &&
-                (!p->ll_comb || (p->nvl && p->H % 8 == 0 &&
-                                 p->off_stage_disp - p->off_comb >=
-                                     (long long)p->W * (p->M + 2LL * p->ll_comb) * p->part_bytes)),
-            "create_ctx: tagged combine partials need the nvlink transport, hidden % 8 == 0 and their region");
+                (!p->ll_comb || (p->H % 8 == 0 && p->off_stage_disp - p->off_comb >=
+                                                      (long long)p->W * (p->M + 2LL * p->ll_comb) * p->part_bytes)),
+            "create_ctx: tagged combine partials need hidden % 8 == 0 and their region");
   // Round 25: the direct receive's early load of an own token's piece (early_load_fits).
   p->early_load = p->direct && early_load_fits(*p) && env_switch("MOE_BACKEND_NVSHMEM_EARLY_LOAD", true) ? 1 : 0;
   p->par_scan = env_switch("MOE_BACKEND_NVSHMEM_PAR_SCAN", true) ? 1 : 0;
@@ -1043,7 +1044,7 @@ template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
                                  cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
-  if constexpr (NVL && TAGGED_VEC<TX, N>) {
+  if constexpr (TAGGED_VEC<TX, N>) {
     if (!rs && tag_form(p) == TAG_EVERY)
       return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
     if (!rs && tag_form(p) == TAG_BY_CALL)

@@ -13,6 +13,7 @@ from moe_backend.backends.nvshmem_runtime import (
     ll_combine_by_call,
     ll_combine_tokens,
     ll_rows_tokens,
+    put_tagged,
     tagged_partials,
     tagged_rows,
 )
@@ -61,7 +62,8 @@ def test_tagged_partials_every_call_or_by_call(monkeypatch: pytest.MonkeyPatch) 
     them (every call tagged), a larger one with the room LL_COMBINE of them (the calls of at most
     that many tokens tagged), unless LL_COMBINE_BY_CALL=0; put, prefill-sized arenas and rows that
     are not whole 16-byte vectors hold none. LL_COMBINE_BY_CALL takes 0 or 1 only."""
-    for name in ("MOE_BACKEND_NVSHMEM_LL_COMBINE", "MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL"):
+    for name in ("MOE_BACKEND_NVSHMEM_LL_COMBINE", "MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL",
+                 "MOE_BACKEND_NVSHMEM_PUT_TAGGED"):
         monkeypatch.delenv(name, raising=False)
     one, small, decode, prefill = (CommSpec(256, 8, 7168, m, 2) for m in (1, 32, 128, 4096))
     assert ll_combine_by_call()
@@ -103,8 +105,9 @@ def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) 
     """An nvlink arena whose partials may go as round-tagged words holds the plain partials and,
     after them, the tagged region's tokens in tagged words (twice the bytes): the tagged receive
     never polls words that a plain combine (the fused one, or a larger call) wrote. Other arenas
-    hold no such room: put's, the prefill arena's; a decode arena of more than 32 tokens holds 32
-    tokens' worth (its calls of at most 32 tokens are tagged)."""
+    hold no such room: put's (without PUT_TAGGED=1), the prefill arena's; a decode arena of more
+    than 32 tokens holds 32 tokens' worth (its calls of at most 32 tokens are tagged)."""
+    monkeypatch.delenv("MOE_BACKEND_NVSHMEM_PUT_TAGGED", raising=False)
     monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", raising=False)
     monkeypatch.delenv("MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL", raising=False)
     W, part = 2, 7168 * 2
@@ -124,3 +127,31 @@ def test_tagged_partials_have_their_own_region(monkeypatch: pytest.MonkeyPatch) 
     assert buffer_bytes(decode, "nvlink")["combine"] == W * 128 * part
     monkeypatch.setenv("MOE_BACKEND_NVSHMEM_LL_COMBINE", "0")
     assert layout(small, "nvlink")["combine"] == W * 32 * part
+
+
+def test_put_tags_its_partials_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """put arenas send round-tagged partials only with PUT_TAGGED=1 (round 63): then a decode-sized
+    put arena holds the same tagged region as nvlink's, and a staging for the tagged words after the
+    plain partials' staging (2 x G x T partials); never its rows (no tagged slots), never the
+    prefill arena. PUT_TAGGED takes 0 or 1 only."""
+    for name in ("MOE_BACKEND_NVSHMEM_LL_COMBINE", "MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL",
+                 "MOE_BACKEND_NVSHMEM_LL_ROWS", "MOE_BACKEND_NVSHMEM_PUT_TAGGED"):
+        monkeypatch.delenv(name, raising=False)
+    W, part = 2, 7168 * 2
+    small, decode, prefill = (CommSpec(256, 8, 7168, m, W) for m in (32, 128, 4096))
+    plain = layout(small, "put")
+    assert not put_tagged() and tagged_partials(small, "put") == 0
+    assert plain["stage_comb"] == W * 32 * part
+    monkeypatch.setenv("MOE_BACKEND_NVSHMEM_PUT_TAGGED", "1")
+    assert put_tagged()
+    assert [tagged_partials(s, "put") for s in (small, decode, prefill)] == [32, 32, 0]
+    tagged = layout(small, "put")
+    assert tagged["combine"] == layout(small, "nvlink")["combine"] == 3 * W * 32 * part
+    assert tagged["stage_comb"] == W * 32 * part + 2 * W * 32 * part
+    assert tagged["dispatch"] == plain["dispatch"] and not tagged_rows(small, "put")
+    assert layout(decode, "put")["stage_comb"] == W * 128 * part + 2 * W * 32 * part
+    for bad in ("2", "yes"):
+        monkeypatch.setenv("MOE_BACKEND_NVSHMEM_PUT_TAGGED", bad)
+        with pytest.raises(ValueError, match="PUT_TAGGED must be 0 or 1"):
+            tagged_partials(small, "put")
+

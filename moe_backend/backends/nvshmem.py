@@ -46,6 +46,9 @@ wait for (`MOE_BACKEND_NVSHMEM_LL_COMBINE=k` / `MOE_BACKEND_NVSHMEM_LL_ROWS=k`: 
 k tokens, where the arena has room for them; 0 never). Larger nvlink arenas with that room (the
 decode ones, up to 128 tokens at top-8) tag the partials of each call whose round has at most k
 tokens on every rank (`MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL=0`: never).
+`MOE_BACKEND_NVSHMEM_PUT_TAGGED=1` (off by default, round 63) gives put arenas the same tagged
+partials, staged and put with no signal: only where the fabric writes aligned 8-byte words whole
+(P2P stores do; over IB or EFA run the contract suite there first); every rank must agree.
 For arenas past the overlap limit (more than 1024 source tokens) `combine_send` launches one
 fused kernel on the side stream that sends, then receives, in the same blocks
 (`MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0` keeps a send and a receive kernel). Its send loads the

@@ -43,10 +43,26 @@ def _up(x: int, a: int = 16) -> int:
     return (x + a - 1) // a * a
 
 
+def _decode_sized(spec: CommSpec) -> bool:
+    """An arena whose table fits the direct receive's one portion (the decode arenas)."""
+    return spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
+
+
 def has_tagged_room(spec: CommSpec, transport: str) -> bool:
     """Whether the arena can hold round-tagged rows (LL_ROWS) and partials (tagged_partials):
-    nvlink arenas whose table fits the direct receive's one portion (the decode arenas)."""
-    return transport == "nvlink" and spec.max_num_tokens * spec.topk * 8 <= DIRECT_TABLE_BYTES
+    nvlink arenas of the decode size (put's with PUT_TAGGED=1 hold tagged partials, never rows)."""
+    return transport == "nvlink" and _decode_sized(spec)
+
+
+def put_tagged() -> bool:
+    """Whether put arenas send tagged partials too (MOE_BACKEND_NVSHMEM_PUT_TAGGED=1, round 63;
+    default 0): staged, then put with no signal, as put's tagged table (round 26). A tagged word
+    is whole at the receiver where the fabric writes aligned 8-byte words whole (P2P stores do;
+    over IB or EFA validate with the contract suite first)."""
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_PUT_TAGGED", "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_PUT_TAGGED must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def row_sizes(spec: CommSpec, transport: str) -> dict[str, int]:
@@ -81,20 +97,22 @@ def layout(spec: CommSpec, transport: str = "put") -> dict[str, int]:
       combine   W * M * part_bytes        (slot [r][t]: partial in the transfer dtype; then, in arenas
                                            whose partials may go as round-tagged words, 2 * W * T *
                                            part_bytes for those, T = tagged_partials(): M or fewer)
-      staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes
+      staging   put transport only: M * slot_bytes + table_bytes + G * M * part_bytes, then the
+                tagged partials' staging, 2 * G * T * part_bytes
     """
     if transport not in ("put", "nvlink"):
         raise ValueError(f"transport must be 'put' or 'nvlink' here, got {transport!r}")
     W, G, M = spec.world_size, spec.num_groups, spec.max_num_tokens
     s = row_sizes(spec, transport)
+    T = tagged_partials(spec, transport)
     sizes = {
         "signals": 8 * (2 * W + G + G * M + W * combine_flags_per_rank(spec)),
         "tables": G * s["table_bytes"],
         "dispatch": G * M * s["slot_bytes"],
-        "combine": W * M * s["part_bytes"] + 2 * W * tagged_partials(spec, transport) * s["part_bytes"],
+        "combine": W * M * s["part_bytes"] + 2 * W * T * s["part_bytes"],
         "stage_disp": M * s["slot_bytes"] if transport == "put" else 0,
         "stage_table": s["table_bytes"] if transport == "put" else 0,
-        "stage_comb": G * M * s["part_bytes"] if transport == "put" else 0,
+        "stage_comb": (G * M + 2 * G * T) * s["part_bytes"] if transport == "put" else 0,
     }
     out: dict[str, int] = {}
     off = 0
@@ -196,13 +214,15 @@ def ll_combine_by_call() -> bool:
 
 def tagged_partials(spec: CommSpec, transport: str) -> int:
     """The tokens of the arena's round-tagged partials region (its rows per rank), 0 for none:
-    nvlink arenas with room for them whose rows are whole 16-byte vectors (hidden % 8 == 0). An
+    nvlink arenas with room for them (put's too with put_tagged()) whose rows are whole 16-byte
+    vectors (hidden % 8 == 0). An
     arena of at most ll_combine_tokens() tokens tags every call's partials (the kernels' EVERY
     instances; the region holds max_num_tokens rows); a larger one the calls of at most that many
     tokens (BY_CALL instances; ll_combine_tokens() rows), unless ll_combine_by_call() is off."""
     limit = ll_combine_tokens()  # read (and a bad value refused) on every transport, as tagged_rows
     by_call = ll_combine_by_call()
-    if limit == 0 or not has_tagged_room(spec, transport) or spec.hidden % 8 != 0:
+    room = has_tagged_room(spec, transport) or (transport == "put" and put_tagged() and _decode_sized(spec))
+    if limit == 0 or not room or spec.hidden % 8 != 0:
         return 0
     if spec.max_num_tokens <= limit:
         return spec.max_num_tokens

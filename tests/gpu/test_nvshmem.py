@@ -51,15 +51,15 @@ def _spawn(worker, seed_offset: int, count: int, *args, timeout: int = 90) -> No
                  timeout=timeout * WORLD * SLOW)
 
 
-def _contract_under_env(seed, count, env, transports, rounds, replays, tokens=None):
+def _contract_under_env(seed, count, env, transports, rounds, replays, tokens=None, replay_transport="nvlink"):
     """Set the backend's variables (read when an arena is created, PDL at the first dispatch of
-    the process), then the contract suite on `transports`, rounds on a shared nvlink arena and
-    CUDA-graph replays (`tokens` per rank; the workers' small defaults when None)."""
+    the process), then the contract suite on `transports`, rounds on a shared arena and CUDA-graph
+    replays on `replay_transport` (`tokens` per rank; the workers' small defaults when None)."""
     os.environ.update(env)
     sized = {} if tokens is None else {"tokens": tokens}
     _workers.contract_worker(seed, count, transports)
-    _workers.rounds_worker(seed, "nvlink", rounds, **sized)
-    _workers.graph_worker(seed, "nvlink", replays, **sized)
+    _workers.rounds_worker(seed, replay_transport, rounds, **sized)
+    _workers.graph_worker(seed, replay_transport, replays, **sized)
 
 
 def test_contract_suite_both_transports():
@@ -221,6 +221,16 @@ def test_contract_suite_tagged_partials():
                 {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "20", "MOE_BACKEND_NVSHMEM_WHOLE_COMBINE": "0"},
                 {"MOE_BACKEND_NVSHMEM_LL_COMBINE": "4"}):
         _spawn(_contract_under_env, 11, max(4, COUNT // 2), env, ("nvlink",), 8, 4)
+
+
+def test_contract_suite_put_tagged_partials():
+    """put with the combine's partials as round-tagged words (PUT_TAGGED=1, round 63: staged, then
+    put with no signal; the receive polls them as on nvlink): every call of the small arenas and the
+    small calls of the larger ones tagged, then only arenas and calls of at most 4 tokens (rounds
+    and replays switch forms in one arena): the same results, rounds and replays."""
+    for env in ({"MOE_BACKEND_NVSHMEM_PUT_TAGGED": "1"},
+                {"MOE_BACKEND_NVSHMEM_PUT_TAGGED": "1", "MOE_BACKEND_NVSHMEM_LL_COMBINE": "4"}):
+        _spawn(_contract_under_env, 12, max(4, COUNT // 2), env, ("put",), 8, 4, None, "put")
 
 
 @pytest.mark.parametrize("whole", ["0", "1"])
