@@ -700,6 +700,10 @@ constexpr int LL_BATCH = 2;  // count words polled with their first loads in fli
 // (36,864 registers; the grid has at most one block per SM) still leaves room for the send's
 // SEND_BLOCKS_PER_SM blocks (3 x 128 x 64 = 24,576), so the send is never locked out.
 constexpr int DIRECT_MAX_REGS = 72;
+// The two-part receive's instances (DYN, round 64): at 72 registers they spilled (11-50 local
+// stores; the item loop keeps the scan's values live), at 96 the tagged-rows one 3 and the others
+// none; one block an SM still fits, and the send has the other SMs.
+constexpr int DIRECT_DYN_MAX_REGS = 96;
 // The outputs of the direct receive (dispatch_direct_kernel, dispatch_fused_kernel).
 struct DirectOut {
   char* tokens;
@@ -712,7 +716,32 @@ struct DirectOut {
   int* sk;
 };
 
-template <bool LL, bool ROWS = false, bool LEAN = false>  // LEAN: see dispatch_fused_kernel
+// The next item of a two-part receive (DYN, round 64) for the calling warp: a counter in state[9]
+// whose high half is the round, so a round's first claim restarts it (no reset between rounds,
+// whatever ran in them); past the round's items it keeps counting.
+__device__ __forceinline__ int claim_item(const Params& p, unsigned long long round, int lane) {
+  int it = 0;
+  if (lane == 0) {
+    unsigned long long* c = &p.state[9];
+    const unsigned long long tag = (round & 0xffffffffULL) << 32;
+    unsigned long long cur = *reinterpret_cast<volatile unsigned long long*>(c);
+    for (;;) {
+      const bool ours = (cur & ~0xffffffffULL) == tag;
+      const unsigned long long prev = atomicCAS(c, cur, ours ? cur + 1 : tag + 1);
+      if (prev == cur) {
+        it = ours ? (int)(cur & 0xffffffffULL) : 0;
+        break;
+      }
+      cur = prev;
+    }
+  }
+  return __shfl_sync(0xffffffffu, it, 0);
+}
+
+// DYN (round 64, the two-part receive of a send-stream arena): no item of its own; after the
+// scan each warp takes items by claim_item until the round's are gone, so two launches (a few
+// blocks with the send, the rest behind the caller's work) share them.
+template <bool LL, bool ROWS = false, bool LEAN = false, bool DYN = false>  // LEAN: see dispatch_fused_kernel
 __device__ __forceinline__ void dispatch_direct_body(const Params& p, const DirectOut& o, const char* __restrict__ x,
                                                      const char* __restrict__ xscale, int xrows) {
   char* __restrict__ tokens = o.tokens;
@@ -739,8 +768,8 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   // and the table's tb blocks take the last items, whose receive comes after their write.
   const int nb = (int)gridDim.x, tb = p.direct_blocks < nb ? p.direct_blocks : nb;
   const int item = LEAN || p.item_spread ? warp * nb + ((int)blockIdx.x + nb - tb) % nb : (int)blockIdx.x * NWARPS + warp;
-  const bool has_item = item < total * P;
-  const int piece = item % P;
+  const bool has_item = !DYN && item < total * P;
+  int piece = item % P;
   int gg = 0, tt = 0;
   if (has_item) item_token(p, item / P, gg, tt);
   const char* tbl = p.sym + p.off_tables;
@@ -867,65 +896,77 @@ __device__ __forceinline__ void dispatch_direct_body(const Params& p, const Dire
   __syncthreads();
   if (warp == 0) stamp_exit(ST_PLAN_BARRIER);  // the timeline's "barrier": the offsets are scanned
   const long long R = (long long)total * (topk < L ? topk : L);  // rows of the outputs
-  if (!has_item) return;
-  const long long uu = (long long)gg * M + tt;
-  const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
-  int nk = 0;
+  if (!DYN && !has_item) return;
+  // The warp's own item (DYN: none; each claimed one by claim_item, with nothing loaded before the
+  // polls: no early piece, no prefetched ids), its rows and copy.
 #pragma unroll 1
-  for (int k0 = 0; k0 < topk; k0 += 32) {
-    const int k = k0 + lane;
-    int row = -1;
-    float wv = 0.0f;
-    if (k < topk && live) {
-      int v;  // (rank << 16) | id, or -1
-      if constexpr (ll) {
-        if (k0 == 0 && pre_now) {
-          v = (int)id_pre;
-          wv = __uint_as_float(w_pre);
+  for (int it = DYN ? claim_item(p, round, lane) : 0; !DYN || it < total * P; it = claim_item(p, round, lane)) {
+    if constexpr (DYN) {
+      piece = it % P;
+      item_token(p, it / P, gg, tt);
+      tids = reinterpret_cast<const int*>(tbl + (long long)gg * p.table_bytes + table_token_off(p, tt));
+    }
+    const long long uu = (long long)gg * M + tt;
+    const bool live = tt < sh_n[gg] && (gg != p.own_group || tt < xrows);
+    int nk = 0;
+#pragma unroll 1
+    for (int k0 = 0; k0 < topk; k0 += 32) {
+      const int k = k0 + lane;
+      int row = -1;
+      float wv = 0.0f;
+      if (k < topk && live) {
+        int v;  // (rank << 16) | id, or -1
+        if constexpr (ll) {
+          if (k0 == 0 && pre_now) {
+            v = (int)id_pre;
+            wv = __uint_as_float(w_pre);
+          } else {
+            const char* src = tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, k);
+            const ulonglong2 en = poll_tagged(p, src, ld_tagged2(src), round, gg * p.tp);
+            v = (int)(unsigned)en.x;
+            wv = __uint_as_float((unsigned)en.y);
+          }
         } else {
-          const char* src = tbl + (long long)gg * p.table_bytes + ll_entry_off(p, tt, k);
-          const ulonglong2 en = poll_tagged(p, src, ld_tagged2(src), round, gg * p.tp);
-          v = (int)(unsigned)en.x;
-          wv = __uint_as_float((unsigned)en.y);
+          v = !DYN && pre && k0 == 0 ? (int)id_pre : __ldcg(tids + k);
         }
-      } else {
-        v = pre && k0 == 0 ? (int)id_pre : __ldcg(tids + k);
+        const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
+        if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
       }
-      const int e = v >= 0 ? (v & 0xffff) - p.rank * L : -1;
-      if (e >= 0 && e < L) row = base[gg * L + e] + (v >> 16);
-    }
-    const bool ok = row >= 0 && row < R;  // range-checked: a timed-out round reads garbage
-    if (piece == 0 && k < topk) {
-      p.rowmap[uu * topk + k] = ok ? row : -1;
-      if (ok) {
-        sg[row] = gg;
-        stok[row] = tt;
-        sk[row] = k;
-        if (weighted) weights[row] = ll ? wv : __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+      const bool ok = row >= 0 && row < R;  // range-checked: a timed-out round reads garbage
+      if (piece == 0 && k < topk) {
+        p.rowmap[uu * topk + k] = ok ? row : -1;
+        if (ok) {
+          sg[row] = gg;
+          stok[row] = tt;
+          sk[row] = k;
+          if (weighted) weights[row] = ll ? wv : __ldcg(reinterpret_cast<const float*>(tids + topk) + k);
+        }
       }
+      const unsigned b = __ballot_sync(0xffffffffu, ok);
+      if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
+      nk += __popc(b);
     }
-    const unsigned b = __ballot_sync(0xffffffffu, ok);
-    if (ok) sh_rows[warp][nk + __popc(b & ((1u << lane) - 1))] = row;
-    nk += __popc(b);
+    __syncwarp();
+    if (live) stamp_exit(ST_DIRECT_ROWS);
+    if (have) {
+      early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
+    } else if (ROWS && gg != p.own_group) {
+      copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P, round,
+                        gg * p.tp + tt % p.tp, lane);
+    } else {
+      copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
+    }
+    if (live) stamp_exit(ST_DIRECT_COPIED);
+    if constexpr (!DYN) break;
+    __syncwarp();  // sh_rows[warp] is the next item's
   }
-  __syncwarp();
-  if (live) stamp_exit(ST_DIRECT_ROWS);
-  if (have) {
-    early_store_piece(p, tokens, scales, sh_rows[warp], nk, piece, P, lane, sh_early[warp]);
-  } else if (ROWS && gg != p.own_group) {
-    copy_tagged_piece(p, tokens, scales, p.sym + p.off_disp + uu * p.slot_bytes, sh_rows[warp], nk, piece, P, round,
-                      gg * p.tp + tt % p.tp, lane);
-  } else {
-    copy_token_piece(p, tokens, scales, x, xscale, sh_rows[warp], nk, gg, tt, piece, P, round, lane);
-  }
-  if (live) stamp_exit(ST_DIRECT_COPIED);
 }
 
-template <bool LL, bool ROWS = false>
-__global__ void __maxnreg__(DIRECT_MAX_REGS) dispatch_direct_kernel(Params p, DirectOut o, const char* __restrict__ x,
-                                                                    const char* __restrict__ xscale, int xrows) {
+template <bool LL, bool ROWS = false, bool DYN = false>
+__global__ void __maxnreg__(DYN ? DIRECT_DYN_MAX_REGS : DIRECT_MAX_REGS)
+    dispatch_direct_kernel(Params p, DirectOut o, const char* __restrict__ x, const char* __restrict__ xscale, int xrows) {
   stamp_entry(ST_COPY);  // the timeline shows it as the copy (there is no plan kernel)
-  dispatch_direct_body<LL, ROWS>(p, o, x, xscale, xrows);
+  dispatch_direct_body<LL, ROWS, false, DYN>(p, o, x, xscale, xrows);
   stamp_exit(ST_COPY);
 }
 

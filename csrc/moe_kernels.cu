@@ -65,8 +65,8 @@ static bool max_shared_carveout(K kernel, bool by_default = true) {
 struct Grids {
   int direct = 1, split_recv = 1, comb_send = 1, comb_recv = 1;
   // The split receive's pieces per token and early load (the arena's own but in a send-stream
-  // arena, round 62), and the split send's block cap (0: none).
-  int split_pieces = 1, split_early = 0, split_send = 0;
+  // arena, round 62), and the split send's block cap (0: none); a two-part receive's second grid.
+  int split_pieces = 1, split_early = 0, split_send = 0, split_recv2 = 0;
 };
 
 // The copy-engine send's chunks each CE_DECAY times the one before (MOE_BACKEND_NVSHMEM_CE_DECAY),
@@ -114,6 +114,11 @@ struct Ctx {
   bool ce_pending = false;
   bool ce_forced = false;  // MOE_BACKEND_NVSHMEM_CE_SEND=1: for every token count
   bool fused_dispatch = true;  // dispatch_whole launches dispatch_fused_kernel where it can (round 35)
+  // Round 64 (MOE_BACKEND_NVSHMEM_TWO_PART_RECV=1, send-stream arenas with the direct receive): the
+  // split receive's items claimed from a counter by two launches, OVERLAP_SMS blocks with the send
+  // (`grids.split_recv`) and `grids.split_recv2` more behind the caller's work in dispatch_recv
+  // (`two_part_pending` until then).
+  bool two_part = false, two_part_pending = false;
   // combine_whole: which calls run send and receive on the caller's stream, the receive by PDL,
   // where the receive would overlap the send (round 36): none, those whose wide receive passes the
   // side stream's grid (round 53, the default), or every one (round 52's default).
@@ -465,6 +470,18 @@ int64_t create_ctx(std::vector<int64_t> c) {
     overlap_sms = std::max(1, std::min(p->num_sms, std::atoi(v)));
   cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
                          env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true), overlap_sms);
+  // Round 64 (off by default until measured): the two-part receive. Its items: pieces that make
+  // ~16 a warp of the first part's, so its warps claim a few each and the second part has
+  // small ones left; the second part a warp per item.
+  cx->two_part = send_stream && p->direct && env_switch("MOE_BACKEND_NVSHMEM_TWO_PART_RECV", false);
+  if (cx->two_part) {
+    Params q = *p;
+    q.copy_pieces = copy_pieces(*p, 4 * OVERLAP_SMS);
+    cx->grids.split_pieces = q.copy_pieces;
+    cx->grids.split_early = 0;  // claimed items load nothing before the polls
+    cx->grids.split_recv = OVERLAP_SMS;
+    cx->grids.split_recv2 = (int)std::min<long long>(p->num_sms, item_warp_blocks(q));
+  }
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
@@ -641,6 +658,34 @@ static DirectOut direct_out(const std::vector<at::Tensor>& o) {
           o[5].data_ptr<int>(), o[6].data_ptr<int>(), o[7].data_ptr<int>()};
 }
 
+// The split dispatch's direct receive into `out` (alloc_recv_outputs) on `blocks` blocks: the
+// arena's kernel with the split receive's pieces (size_grids), its two-part form (DYN) with
+// cx.two_part.
+static void launch_direct_recv(const Ctx& cx, const std::vector<at::Tensor>& out, const at::Tensor& x,
+                               const at::Tensor& xs, int blocks, cudaStream_t stream) {
+  const Params& p = cx.p;
+  static const bool carve_direct =
+      max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>) &&
+      max_shared_carveout(dispatch_direct_kernel<true, true>) &&
+      max_shared_carveout(dispatch_direct_kernel<true, false, true>) &&
+      max_shared_carveout(dispatch_direct_kernel<false, false, true>) &&
+      max_shared_carveout(dispatch_direct_kernel<true, true, true>);
+  (void)carve_direct;
+  auto* kernel = cx.two_part ? (p.ll_rows    ? dispatch_direct_kernel<true, true, true>
+                                : p.ll_table ? dispatch_direct_kernel<true, false, true>
+                                             : dispatch_direct_kernel<false, false, true>)
+                             : (p.ll_rows    ? dispatch_direct_kernel<true, true>
+                                : p.ll_table ? dispatch_direct_kernel<true>
+                                             : dispatch_direct_kernel<false>);
+  Params pr = p;  // the split receive's pieces (size_grids)
+  pr.copy_pieces = cx.grids.split_pieces;
+  pr.early_load = cx.grids.split_early;
+  kernel<<<blocks, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(
+      pr, direct_out(out), reinterpret_cast<const char*>(x.data_ptr()),
+      xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr, (int)x.size(0));
+  CUDA_OK(cudaGetLastError());
+}
+
 static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::TensorOptions& dev, int64_t in_dtype_code,
                                                     bool weighted, const at::Tensor& x, const at::Tensor& xs,
                                                     cudaStream_t stream) {
@@ -648,22 +693,10 @@ static std::vector<at::Tensor> launch_dispatch_recv(const Ctx& cx, const at::Ten
   std::vector<at::Tensor> out = alloc_recv_outputs(p, dev, in_dtype_code, weighted);
   const at::Tensor &tokens = out[0], &scales = out[1], &weights = out[2], &tpe = out[3], &offs = out[4], &sg = out[5],
                    &st = out[6], &sk = out[7];
-  const char* xp = reinterpret_cast<const char*>(x.data_ptr());
-  const char* xsp = xs.defined() ? reinterpret_cast<const char*>(xs.data_ptr()) : nullptr;
   if (p.direct) {  // one kernel, one warp per item (create_ctx checked that they fit)
-    static const bool carve_direct =
-        max_shared_carveout(dispatch_direct_kernel<true>) && max_shared_carveout(dispatch_direct_kernel<false>) &&
-        max_shared_carveout(dispatch_direct_kernel<true, true>);
-    (void)carve_direct;
-    auto* kernel = p.ll_rows    ? dispatch_direct_kernel<true, true>
-                   : p.ll_table ? dispatch_direct_kernel<true>
-                                : dispatch_direct_kernel<false>;
-    Params pr = p;  // the split receive's pieces (size_grids)
-    pr.copy_pieces = cx.grids.split_pieces;
-    pr.early_load = cx.grids.split_early;
-    kernel<<<cx.grids.split_recv, NTHREADS, (size_t)(p.G + 1) * p.L * 4, stream>>>(pr, direct_out(out), xp, xsp,
-                                                                                        (int)x.size(0));
-    CUDA_OK(cudaGetLastError());
+    // A two-part receive's first part where its second follows (overlapped), else all of it.
+    launch_direct_recv(cx, out, x, xs, cx.two_part && stream != cx.side ? cx.grids.split_recv2 : cx.grids.split_recv,
+                       stream);
     return out;
   }
   size_t smem = recv_smem(p);
@@ -834,6 +867,7 @@ static void settle_pending(Ctx& cx, cudaStream_t stream) {
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
     cx.stash.clear();
     cx.stashed = false;
+    cx.two_part_pending = false;  // the first part takes every item alone, only later
     cx.comb_out = cx.comb_ids = cx.comb_ntok = cx.comb_y = cx.comb_w = at::Tensor();
   }
   join_send_side(cx, stream);
@@ -913,6 +947,7 @@ static at::Tensor send_op(const at::Tensor& x, const at::Tensor& ids, const std:
     cx.stash = launch_dispatch_recv(cx, x.options(), code, w.has_value(), x, cx.keep_s, cx.side);
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.stashed = true;
+    cx.two_part_pending = cx.two_part && p.direct;
   }
   return at::empty({0}, x.options().dtype(at::kInt));
 }
@@ -922,6 +957,10 @@ std::vector<at::Tensor> dispatch_recv(const at::Tensor& dep, int64_t ctx, int64_
   c10::cuda::CUDAGuard guard(dep.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (cx.stashed) {
+    if (cx.two_part_pending) {  // the receive's second part, behind the caller's work (round 64)
+      launch_direct_recv(cx, cx.stash, cx.keep_x, cx.keep_s, cx.grids.split_recv2, stream);
+      cx.two_part_pending = false;
+    }
     CUDA_OK(cudaStreamWaitEvent(stream, cx.join, 0));
     join_send_side(cx, stream);
     std::vector<at::Tensor> out = std::move(cx.stash);

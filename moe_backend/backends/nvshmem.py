@@ -93,6 +93,9 @@ work cannot use (round 61; `MOE_BACKEND_NVSHMEM_COMPACT_RECV=0` never, `=1` in e
 Where the arena's expected rows fit ~8 us of 4 SMs' stores (up to 16 bf16 DeepSeek tokens a rank),
 its split send and receive are sized for the 4 SMs a one-wave matmul leaves free (round 62;
 `MOE_BACKEND_NVSHMEM_OVERLAP_SMS=k`: k SMs whatever the rows, k >= the GPU's SMs: never).
+`MOE_BACKEND_NVSHMEM_TWO_PART_RECV=1` (off by default, round 64) splits such an arena's receive in
+two launches that claim its items from one counter: 4 blocks with the send, the rest launched by
+`dispatch_recv` behind the caller's work.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ SWITCHES = frozenset({
     "COMBINE_FUSED", "COMBINE_OVERLAP", "COMPACT_RECV", "COPY_BULK", "DIRECT_RECV", "EARLY_LOAD", "ENTRY_LAST",
     "ENTRY_RELEASE", "FINISH_BLOCK0", "FUSED_DISPATCH", "ITEM_GRIDS", "ITEM_SPREAD", "LEAN_FUSED",
     "LL_TABLE", "OVERLAP", "PAR_SCAN", "PDL", "PLAN_VEC", "PUT_DIRECT", "PUT_FROM_X", "RECV_PREFETCH", "SELF_SEND",
-    "SMALL_FUSED", "TABLE_PREFETCH", "TOKEN_RELEASE", "WHOLE_COMBINE", "WIDE_RECV",
+    "SMALL_FUSED", "TABLE_PREFETCH", "TOKEN_RELEASE", "TWO_PART_RECV", "WHOLE_COMBINE", "WIDE_RECV",
 })
 # Counts the kernels read with atoi (which would take "eight" as 0): positive integers only; the
 # C++ side clamps them to its range.

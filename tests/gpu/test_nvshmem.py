@@ -80,17 +80,20 @@ def _contract_without_overlap(seed, count):
     _workers.contract_worker(seed, count, ("put", "nvlink"))
 
 
-@pytest.mark.parametrize("overlap_sms", [None, "4"])
-def test_contract_suite_with_send_stream(overlap_sms: str | None):
+@pytest.mark.parametrize("switch", [None, "OVERLAP_SMS=4", "TWO_PART_RECV=1"])
+def test_contract_suite_with_send_stream(switch: str | None):
     """The send kernel on its own stream (backend option send_stream=True): the same results,
     rounds on a shared arena and CUDA-graph replays included; also with the split dispatch sized
-    for 4 SMs (OVERLAP_SMS=4, round 62: fewer pieces per token, a capped send grid)."""
-    _spawn(_contract_with_send_stream, 2, max(4, COUNT // 3), overlap_sms)
+    for 4 SMs (OVERLAP_SMS=4, round 62: fewer pieces per token, a capped send grid) and with the
+    two-part receive (TWO_PART_RECV=1, round 64: 4 blocks with the send and the rest launched by
+    dispatch_recv claim the items from one counter)."""
+    _spawn(_contract_with_send_stream, 2, max(4, COUNT // 3), switch)
 
 
-def _contract_with_send_stream(seed, count, overlap_sms=None):
-    if overlap_sms is not None:
-        os.environ["MOE_BACKEND_NVSHMEM_OVERLAP_SMS"] = overlap_sms  # read when an arena is created
+def _contract_with_send_stream(seed, count, switch=None):
+    if switch is not None:
+        name, value = switch.split("=")
+        os.environ[f"MOE_BACKEND_NVSHMEM_{name}"] = value  # read when an arena is created
     _workers.contract_worker(seed, count, ("put", "nvlink"), send_stream=True)
     _workers.rounds_worker(seed, "nvlink", 10, send_stream=True)
     _workers.graph_worker(seed, "nvlink", 4, send_stream=True)

@@ -5,11 +5,8 @@
 # and round 59 (the decode arena's combine tagged by call). The decode record (compared with call
 # 1's, run 43's record before them), round 59 against LL_COMBINE_BY_CALL=0 alternately twice, the
 # prefill record, the EP2 tests, then the sweep with its plot: in that order, so that a short
-# lease returns the decode rows first (each step packs what it wrote). Added in run 44: round 62
-# (a send-stream arena's split dispatch on 4 SMs where its rows fit: the sweep's 16-token overlap
-# row predicted 1.21 -> ~1.08x) against OVERLAP_SMS=132 (round 61), alternately twice, at the end;
-# then round 63 (PUT_TAGGED=1, put's partials round-tagged: the sweep's 16-token put combine
-# predicted 14.9 -> ~12.1-13.4 us) against the default on the put and nvlink rows, twice.
+# lease returns the decode rows first (each step packs what it wrote). Run 44's rounds 62-64 have
+# their EP2 A/Bs in results/gpu/2026-12-04-run44/call7/call.sh, the call after this one.
 set -u
 source scripts/gpu_call.sh main46
 R1=results/gpu/2026-12-04-run43-x2/call1
@@ -29,9 +26,3 @@ step tests tests.log 200 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.
 step sweep deepseek_sweep.log 130 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
   --out "$OUT/deepseek_sweep.json" --plot "$OUT/deepseek_sweep.png"
 grep -E "^(nvshmem-nvlink|overlap nvshmem-nvlink) " "$raw/deepseek_sweep.log" | head -24
-step "ab overlap (round 62)" ab_overlap.log 150 env AB_BENCH_ARGS="--world-size 2 --num-tokens 1 4 16 32 64" \
-  bash scripts/gpu_ab_bench.sh $raw/ab_overlap deepseek_sweep base ${N}_OVERLAP_SMS=132 base ${N}_OVERLAP_SMS=132
-cat $raw/ab_overlap/ab.txt
-step "ab put tagged (round 63)" ab_put_tagged.log 150 env AB_BENCH_ARGS="--backend all --world-size 2 --num-tokens 1 4 16 32" \
-  bash scripts/gpu_ab_bench.sh $raw/ab_put_tagged deepseek_sweep base ${N}_PUT_TAGGED=1 base ${N}_PUT_TAGGED=1
-cat $raw/ab_put_tagged/ab.txt
