@@ -224,7 +224,9 @@ static bool overlap_rows_fit(const Params& p) {
 // dispatch of an arena with the direct receive sized for that many SMs: its receive's pieces as
 // copy_pieces gives them on overlap_sms SMs (a warp per item, so at least a warp per token), its
 // send at most SEND_BLOCKS_PER_SM blocks each.
-static Grids size_grids(const Params& p, bool per_item, bool compact_split, int overlap_sms) {
+// two_part (round 64): the split receive in two launches claiming one counter's items, pieces that
+// make ~16 a warp of the first part's OVERLAP_SMS blocks, the second part a warp per item.
+static Grids size_grids(const Params& p, bool per_item, bool compact_split, int overlap_sms, bool two_part) {
   const long long pieces = (long long)p.G * p.M * p.copy_pieces;
   const long long slices = (long long)p.M * max_slices(p.H);
   auto on_sms = [&](long long items) { return (int)std::max(1LL, std::min((long long)p.num_sms, items)); };
@@ -234,15 +236,26 @@ static Grids size_grids(const Params& p, bool per_item, bool compact_split, int 
   g.direct = per_item ? on_sms(pieces + p.direct_blocks) : (int)item_warp_blocks(p);
   g.split_pieces = p.copy_pieces;
   g.split_early = p.early_load;
-  if (compact_split && p.direct && overlap_sms < p.num_sms) {
+  auto pieces_for = [&](int sms) {  // the arena's Params with the pieces copy_pieces gives on `sms` SMs
     Params q = p;
-    q.copy_pieces = copy_pieces(p, overlap_sms);
+    q.copy_pieces = copy_pieces(p, sms);
+    return q;
+  };
+  if (compact_split && p.direct && overlap_sms < p.num_sms) {
+    const Params q = pieces_for(overlap_sms);
     g.split_pieces = q.copy_pieces;
     g.split_early = p.early_load && early_load_fits(q);
     g.split_send = SEND_BLOCKS_PER_SM * overlap_sms;
     g.split_recv = (int)item_warp_blocks(q);
   } else {
     g.split_recv = compact_split ? (int)item_warp_blocks(p) : g.direct;
+  }
+  if (two_part) {
+    const Params q = pieces_for(4 * OVERLAP_SMS);
+    g.split_pieces = q.copy_pieces;
+    g.split_early = 0;  // claimed items load nothing before the polls
+    g.split_recv = OVERLAP_SMS;
+    g.split_recv2 = (int)std::min<long long>(p.num_sms, item_warp_blocks(q));
   }
   g.comb_send = on_sms(per_item ? p.G * slices : (long long)p.G * p.M);
   g.comb_recv = on_sms(per_item ? slices : p.M);
@@ -468,20 +481,11 @@ int64_t create_ctx(std::vector<int64_t> c) {
   int overlap_sms = send_stream && overlap_rows_fit(*p) ? OVERLAP_SMS : p->num_sms;
   if (const char* v = std::getenv("MOE_BACKEND_NVSHMEM_OVERLAP_SMS"); send_stream && v && *v)
     overlap_sms = std::max(1, std::min(p->num_sms, std::atoi(v)));
-  cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
-                         env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true), overlap_sms);
-  // Round 64 (off by default until measured): the two-part receive. Its items: pieces that make
-  // ~16 a warp of the first part's, so its warps claim a few each and the second part has
-  // small ones left; the second part a warp per item.
+  // Round 64 (off by default until measured): the two-part receive (size_grids), its items few
+  // enough that the first part's warps claim a few each, small enough for the second part.
   cx->two_part = send_stream && p->direct && env_switch("MOE_BACKEND_NVSHMEM_TWO_PART_RECV", false);
-  if (cx->two_part) {
-    Params q = *p;
-    q.copy_pieces = copy_pieces(*p, 4 * OVERLAP_SMS);
-    cx->grids.split_pieces = q.copy_pieces;
-    cx->grids.split_early = 0;  // claimed items load nothing before the polls
-    cx->grids.split_recv = OVERLAP_SMS;
-    cx->grids.split_recv2 = (int)std::min<long long>(p->num_sms, item_warp_blocks(q));
-  }
+  cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
+                         env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true), overlap_sms, cx->two_part);
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL
   // (=0: the side stream). Round 36 measured it alone no faster (9.5 / 11.1 / 17.0 us at 1 / 32 /
   // 128 tokens against 9.4 / 11.0 / 16.9, world size 1); with the receive a warp per item (round 52,
@@ -947,7 +951,7 @@ static at::Tensor send_op(const at::Tensor& x, const at::Tensor& ids, const std:
     cx.stash = launch_dispatch_recv(cx, x.options(), code, w.has_value(), x, cx.keep_s, cx.side);
     CUDA_OK(cudaEventRecord(cx.join, cx.side));
     cx.stashed = true;
-    cx.two_part_pending = cx.two_part && p.direct;
+    cx.two_part_pending = cx.two_part;  // two_part implies the direct receive
   }
   return at::empty({0}, x.options().dtype(at::kInt));
 }
@@ -1078,7 +1082,6 @@ static TagForm tag_form(const Params& p) {
 // Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
 // as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
 // blocks takes.
-
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
                                  cudaStream_t s) {

@@ -214,14 +214,14 @@ def ll_combine_by_call() -> bool:
 
 def tagged_partials(spec: CommSpec, transport: str) -> int:
     """The tokens of the arena's round-tagged partials region (its rows per rank), 0 for none:
-    nvlink arenas with room for them (put's too with put_tagged()) whose rows are whole 16-byte
-    vectors (hidden % 8 == 0). An
-    arena of at most ll_combine_tokens() tokens tags every call's partials (the kernels' EVERY
-    instances; the region holds max_num_tokens rows); a larger one the calls of at most that many
-    tokens (BY_CALL instances; ll_combine_tokens() rows), unless ll_combine_by_call() is off."""
+    decode-sized nvlink arenas (put's too with put_tagged()) whose rows are whole 16-byte vectors
+    (hidden % 8 == 0). An arena of at most ll_combine_tokens() tokens tags every call's partials
+    (the kernels' EVERY instances; the region holds max_num_tokens rows); a larger one the calls of
+    at most that many tokens (BY_CALL instances; ll_combine_tokens() rows), unless
+    ll_combine_by_call() is off."""
     limit = ll_combine_tokens()  # read (and a bad value refused) on every transport, as tagged_rows
     by_call = ll_combine_by_call()
-    room = has_tagged_room(spec, transport) or (transport == "put" and put_tagged() and _decode_sized(spec))
+    room = _decode_sized(spec) and (transport == "nvlink" or (transport == "put" and put_tagged()))
     if limit == 0 or not room or spec.hidden % 8 != 0:
         return 0
     if spec.max_num_tokens <= limit:
