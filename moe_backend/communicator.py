@@ -15,6 +15,12 @@ from .spec import CommSpec
 
 _ids = itertools.count(1)
 
+# Every public call runs eagerly under torch.compile: a compiled caller breaks its graph here.
+# What a call does is host-side (the round state, validation, collectives, kernel launches
+# with host-chosen grids), and tracing it gains nothing: the reference backend's
+# data-dependent packing even compiled to wrong output aliases (torch 2.14).
+_eager = torch.compiler.disable
+
 
 class RoundError(RuntimeError):
     """A call out of the dispatch -> combine order (see docs/CONTRACT.md)."""
@@ -73,6 +79,7 @@ class Communicator:
             )
 
     # -- dispatch ---------------------------------------------------------------------
+    @_eager
     def dispatch_send(
         self,
         x: torch.Tensor,
@@ -84,10 +91,11 @@ class Communicator:
         """Start the dispatch; returns the receiver whose `recv()` completes it."""
         return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=False)
 
+    @_eager
     def dispatch(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> DispatchResult:
         """Send and receive in one call. Nothing runs between them, so the backend may fuse
         them (the nvshmem backend: one kernel at decode sizes); use `dispatch_send` to overlap."""
-        return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=True).recv()
+        return self._send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=True)._recv()
 
     def _send(self, x, topk_ids, topk_weights, x_scale, num_tokens, whole: bool) -> DispatchReceiver:
         self._expect_phase("idle", "dispatch")
@@ -101,6 +109,7 @@ class Communicator:
         return DispatchReceiver(self, self._round, pending, ids, n, x.shape[0])
 
     # -- combine ----------------------------------------------------------------------
+    @_eager
     def combine_send(
         self,
         expert_y: torch.Tensor,
@@ -114,6 +123,7 @@ class Communicator:
         self._phase = "combine_sent"
         return CombineReceiver(self, self._round, pending, out)
 
+    @_eager
     def combine(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
         """Send and receive in one call. Nothing runs between them, so the backend may do it in
         fewer steps (the nvshmem backend: one host call); use `combine_send` to overlap."""
@@ -174,7 +184,11 @@ class DispatchReceiver(_Receiver):
         self._num_tokens = num_tokens
         self._rows = rows
 
+    @_eager
     def recv(self) -> DispatchResult:
+        return self._recv()
+
+    def _recv(self) -> DispatchResult:  # also Communicator.dispatch's, inside its one eager frame
         self._claim()
         comm = self._comm
         got = self._ending_round_on_error(comm.backend.dispatch_recv, self._pending)
@@ -210,6 +224,7 @@ class CombineReceiver(_Receiver):
         self._pending = pending
         self._out = out
 
+    @_eager
     def recv(self) -> torch.Tensor:
         self._claim()
         out = self._ending_round_on_error(self._comm.backend.combine_recv, self._pending, self._out)

@@ -145,38 +145,45 @@ def rounds_worker(seed: int, transport: str, rounds: int, tokens: int = 40, **op
     b.close()
 
 
-def graph_worker(seed: int, transport: str, replays: int, tokens: int = 32, **options: Any) -> None:
-    rank = dist.get_rank()
-    spec = CommSpec(8, 3, 256, tokens, dist.get_world_size(), in_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    comm = Communicator(spec, backend="nvshmem", transport=transport, **options)
-    dev, M, L = comm.device, spec.max_num_tokens, spec.num_local_experts
-    x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)
-    ids = torch.full((M, spec.topk), -1, dtype=torch.int32, device=dev)
-    w = torch.zeros(M, spec.topk, dtype=torch.float32, device=dev)
-    n = torch.zeros(1, dtype=torch.int32, device=dev)
+class _StaticStep:
+    """A decode step on fixed input buffers (the live batch size in a device tensor), as a CUDA
+    graph or a compiled function runs it: `load` a case into the buffers, `run` dispatch, the
+    experts and combine, `check` both results against the oracle bit for bit."""
 
-    def load(case: Case):
+    def __init__(self, transport: str, tokens: int, **options: Any) -> None:
+        self.rank = dist.get_rank()
+        self.spec = spec = CommSpec(8, 3, 256, tokens, dist.get_world_size(), in_dtype=torch.bfloat16,
+                                    out_dtype=torch.bfloat16)
+        self.comm = Communicator(spec, backend="nvshmem", transport=transport, **options)
+        dev, M = self.comm.device, spec.max_num_tokens
+        self.x = torch.zeros(M, spec.hidden, dtype=spec.in_dtype, device=dev)
+        self.ids = torch.full((M, spec.topk), -1, dtype=torch.int32, device=dev)
+        self.w = torch.zeros(M, spec.topk, dtype=torch.float32, device=dev)
+        self.n = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def load(self, case: Case) -> list[Any]:
         groups = make_inputs(case)
-        mine = groups[rank // spec.tp_size]
+        mine = groups[self.rank // self.spec.tp_size]
         rows = mine.x.shape[0]
-        x.zero_()
-        x[:rows].copy_(mine.x)
-        ids.fill_(-1)
-        ids[:rows].copy_(mine.topk_ids)
-        w.zero_()
-        w[:rows].copy_(mine.topk_weights)
-        n.fill_(mine.num_tokens)
+        self.x.zero_()
+        self.x[:rows].copy_(mine.x)
+        self.ids.fill_(-1)
+        self.ids[:rows].copy_(mine.topk_ids)
+        self.w.zero_()
+        self.w[:rows].copy_(mine.topk_weights)
+        self.n.fill_(mine.num_tokens)
         return groups
 
-    def step():
-        res = comm.dispatch(x, ids, w, None, n)
-        rows = torch.arange(res.tokens.shape[0], device=dev)
+    def run(self) -> tuple[Any, torch.Tensor]:
+        comm, L = self.comm, self.spec.num_local_experts
+        res = comm.dispatch(self.x, self.ids, self.w, None, self.n)
+        rows = torch.arange(res.tokens.shape[0], device=comm.device)
         local = torch.searchsorted(res.expert_offsets[1:], rows, right=True).clamp(max=L - 1)
-        y = expert_fn(res.tokens, local + rank * L, spec.out_dtype)
-        out = comm.combine(y, res.handle, weights=res.weights)
-        return res, out
+        y = expert_fn(res.tokens, local + self.rank * L, self.spec.out_dtype)
+        return res, comm.combine(y, res.handle, weights=res.weights)
 
-    def check(res, out, groups, case):
+    def check(self, res: Any, out: torch.Tensor, groups: list[Any], case: Case) -> None:
+        spec, rank = self.spec, self.rank
         want = oracle_dispatch(spec, groups, rank)
         total = int(want.tokens_per_expert.sum())
         assert bitwise_equal(res.tokens_per_expert.cpu(), want.tokens_per_expert), case.describe()
@@ -186,27 +193,49 @@ def graph_worker(seed: int, transport: str, replays: int, tokens: int = 32, **op
             assert bitwise_equal(getattr(res.handle, name)[:total].cpu(), getattr(want, name)), name
         want_out = oracle_combine(spec, groups, rank // spec.tp_size, True)
         rows = want_out.shape[0]
-        assert bitwise_equal(out[:rows].cpu(), want_out), f"graph combine differs [{case.describe()}]"
+        assert bitwise_equal(out[:rows].cpu(), want_out), f"combine differs [{case.describe()}]"
         assert not out[rows:].any(), "rows past the input must be zero"
 
-    case0 = Case(spec, "uniform", seed, True, "tensor")
-    groups = load(case0)
-    res, out = step()
+    def replay_cases(self, seed: int, count: int, step: Callable[[], tuple[Any, torch.Tensor]]) -> None:
+        """`count` fresh cases, each loaded, run by `step` and checked."""
+        for i in range(count):
+            case = Case(self.spec, ROUTINGS[i % 4], seed + 100 + i, True, "tensor")
+            groups = self.load(case)
+            res, out = step()
+            torch.cuda.synchronize()
+            self.comm.backend.check_error()
+            self.check(res, out, groups, case)
+
+
+def graph_worker(seed: int, transport: str, replays: int, tokens: int = 32, **options: Any) -> None:
+    step = _StaticStep(transport, tokens, **options)
+    case0 = Case(step.spec, "uniform", seed, True, "tensor")
+    groups = step.load(case0)
+    res, out = step.run()
     torch.cuda.synchronize()
-    check(res, out, groups, case0)
+    step.check(res, out, groups, case0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        res, out = step()
-    for i in range(replays):
-        case = Case(spec, ROUTINGS[i % 4], seed + 100 + i, True, "tensor")
-        groups = load(case)
+        res, out = step.run()
+
+    def replay() -> tuple[Any, torch.Tensor]:
         graph.replay()
-        torch.cuda.synchronize()
-        comm.backend.check_error()
-        check(res, out, groups, case)
-    del graph
+        return res, out
+
+    step.replay_cases(seed, replays, replay)
+    graph.reset()  # its memory before the arena's
     torch.cuda.synchronize()
-    comm.close()
+    step.comm.close()
+
+
+def compile_worker(seed: int, transport: str, calls: int, tokens: int = 32) -> None:
+    """The same step under `torch.compile` (its graph breaks at dispatch and combine, which run
+    eagerly; the expert stand-in and the row search are compiled): each call bit-exact."""
+    step = _StaticStep(transport, tokens, check_inputs=False)
+    compiled = torch.compile(step.run)
+    step.replay_cases(seed, calls, compiled)
+    torch.cuda.synchronize()
+    step.comm.close()
 
 
 def timeout_worker(transport: str) -> None:

@@ -175,6 +175,18 @@ def test_rounds_and_graphs_on_one_gpu(variant: str) -> None:
     launch.spawn(_rounds_and_graphs_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
 
 
+def _compile_worker(seed: int) -> None:
+    for transport in ("nvlink", "put"):
+        _workers.compile_worker(seed, transport, 4)
+
+
+def test_compiled_decode_step_on_one_gpu() -> None:
+    """A decode step (dispatch, experts, combine) under `torch.compile`, on both transports: the
+    compiled caller breaks its graph at each call, and every call matches the oracle bit for bit."""
+    print(f"seed={SEED}")
+    launch.spawn(_compile_worker, 1, SEED, dist_backend="nccl", timeout=300)
+
+
 class _DeviceMemory:
     """Raw device memory as `torch.as_tensor` takes it (the CUDA array interface): the arena's words."""
 
