@@ -48,7 +48,12 @@ def test_run22_prefill_and_decode_as_the_readme_reports() -> None:
     assert few.measured == pytest.approx(234.2 / 387.1, abs=0.002)
     rows = 4096 * 2 * 8 / 2 * 7168 * 2
     assert few.bound == pytest.approx(234.2 / (rows / 1428.27e3), abs=0.002) and few.out_of_reach
-    assert by["prefill 4096 combine, 24 SMs: speed kept"].bound is None
+    # The 24-SM combine reads those rows at 2892 GB/s (162 us) and stores its 58.6 MB of partials
+    # across at 343 GB/s (171 us), which may overlap: 222.1 / 171 = 1.3 could be kept, so 0.8 is
+    # within reach (the run kept 0.37).
+    comb = by["prefill 4096 combine, 24 SMs: speed kept"]
+    assert comb.bound == pytest.approx(222.128 / (58605568 / 342.98e3), abs=0.002) and not comb.out_of_reach
+    assert not comb.met
     assert by["deepseek-decode 128 dispatch: put / nvlink"].met
 
 
