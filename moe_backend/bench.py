@@ -339,7 +339,7 @@ def backends_to_run(requested: str, device: torch.device,
                     sms: list[int] | tuple[int, ...] = ()) -> list[tuple[str, str, dict[str, Any]]]:
     """(row label, backend name, backend options) for each backend the run times; `sms`: extra
     nvshmem-nvlink rows with the kernels sized for that many SMs."""
-    nvshmem_ok = device.type == "cuda" and nvshmem_available()[0]
+    nvshmem_ok = device.type == "cuda" and nvshmem_available(device)[0]
     if requested == "all":
         rows = [("reference", "reference", {})]
         if nvshmem_ok:  # both transports: the portable put path and direct NVLink stores

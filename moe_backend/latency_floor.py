@@ -23,7 +23,7 @@ def measure(device: torch.device, iters: int = 200, warmup: int = 10,
     extension, or a peer not reachable over NVLink). Collective: call on every rank."""
     from .backends import nvshmem_available
 
-    if device.type != "cuda" or not nvshmem_available()[0]:
+    if device.type != "cuda" or not nvshmem_available(device)[0]:
         return None
     from .backends import nvshmem_runtime as rt
 

@@ -36,7 +36,7 @@ def measure(device: torch.device, sms: list[int] | tuple[int, ...] = (), iters: 
     Collective: call on every rank."""
     from .backends import nvshmem_available
 
-    if device.type != "cuda" or not nvshmem_available()[0]:
+    if device.type != "cuda" or not nvshmem_available(device)[0]:
         return None
     from .backends import nvshmem_runtime as rt
 

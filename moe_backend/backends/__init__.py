@@ -15,10 +15,20 @@ BACKENDS = ("auto", "reference", "nvshmem")
 __all__ = ["BACKENDS", "Backend", "Received", "create_backend", "nvshmem_available", "resolve_backend"]
 
 
-def nvshmem_available() -> tuple[bool, str]:
-    """Whether the nvshmem backend can run here, and why not when it cannot."""
+# The kernels are compiled for sm_90a only (csrc/build.py): code for it runs on compute
+# capability 9.0 (H100, H200, GH200) and on no other, older or newer.
+KERNEL_CAPABILITY = (9, 0)
+
+
+def nvshmem_available(device: torch.device | None = None) -> tuple[bool, str]:
+    """Whether the nvshmem backend can run on `device` (default: the current CUDA device), and
+    why not when it cannot."""
     if not torch.cuda.is_available():
         return False, "no CUDA device"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != KERNEL_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return False, (f"the kernels are built for sm_90a (H100 / H200); {name} is sm_{capability[0]}{capability[1]}")
     try:
         from . import nvshmem  # noqa: F401
     except ImportError as err:
@@ -31,7 +41,7 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        return "nvshmem" if device.type == "cuda" and nvshmem_available()[0] else "reference"
+        return "nvshmem" if device.type == "cuda" and nvshmem_available(device)[0] else "reference"
     return name
 
 
@@ -48,7 +58,7 @@ def create_backend(
         from .reference import ReferenceBackend
 
         return ReferenceBackend(spec, group, device, **options)
-    ok, why = nvshmem_available()
+    ok, why = nvshmem_available(device if device.type == "cuda" else None)
     if not ok:
         raise RuntimeError(f"backend 'nvshmem' is unavailable: {why}")
     if device.type != "cuda":
