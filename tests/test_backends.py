@@ -47,3 +47,16 @@ def test_no_cuda_means_the_reference() -> None:
     assert resolve_backend("auto", torch.device("cpu")) == "reference"
     with pytest.raises(ValueError, match="backend must be one of"):
         resolve_backend("nccl", torch.device("cpu"))
+
+
+def test_a_full_symmetric_heap_names_its_size_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moe_backend.backends import nvshmem_runtime as rt
+
+    class Full:
+        def sym_malloc(self, nbytes: int) -> int:
+            raise RuntimeError(f"nvshmem_malloc({nbytes}) failed")
+
+    monkeypatch.setattr(rt, "ops", lambda: Full())
+    with pytest.raises(RuntimeError, match=r"nvshmem_malloc\(412752640\) failed: the arena of .* needs "
+                                           r"412,752,640 bytes .*NVSHMEM_SYMMETRIC_SIZE \(default 1 GiB"):
+        rt.sym_malloc(412752640, "the arena of E=256 (put)")

@@ -139,7 +139,7 @@ def test_bench_rows_with_fewer_sms(monkeypatch) -> None:
     from moe_backend import bench
 
     assert bench.backends_to_run("all", torch.device("cpu"), [24]) == [("reference", "reference", {})]
-    monkeypatch.setattr(bench, "nvshmem_available", lambda: (True, ""))
+    monkeypatch.setattr(bench, "nvshmem_available", lambda device=None: (True, ""))
     rows = bench.backends_to_run("all", torch.device("cuda", 0), [24, 48])
     assert [r[0] for r in rows] == ["reference", "nvshmem-put", "nvshmem-nvlink",
                                     "nvshmem-nvlink-24sm", "nvshmem-nvlink-48sm"]

@@ -335,6 +335,18 @@ def ensure_initialised(group: dist.ProcessGroup | None, device: torch.device) ->
         return [base.index(r) for r in ranks]
 
 
+def sym_malloc(nbytes: int, what: str) -> int:
+    """`nbytes` of NVSHMEM's symmetric heap (collective); a failure names the heap's size switch."""
+    try:
+        return int(ops().sym_malloc(nbytes))
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"{err}: {what} needs {nbytes:,} bytes of NVSHMEM's symmetric heap a rank; the heap is "
+            "NVSHMEM_SYMMETRIC_SIZE (default 1 GiB, set before NVSHMEM starts; `moe-backend info --config "
+            "PRESET` prints each arena's size)"
+        ) from err
+
+
 @contextmanager
 def peer_scratch(device: torch.device, nbytes: int) -> Iterator[tuple[int, list[int] | None]]:
     """A zeroed symmetric buffer of `nbytes` for the benchmark's probes: (its local address, its
@@ -342,7 +354,7 @@ def peer_scratch(device: torch.device, nbytes: int) -> Iterator[tuple[int, list[
     nvshmem_ptr). Collective on entry and exit (every rank of the world)."""
     pes = ensure_initialised(None, device)
     o = ops()
-    buf = int(o.sym_malloc(nbytes))  # collective
+    buf = sym_malloc(nbytes, "the probes' scratch")  # collective
     try:
         peers = [int(o.peer_ptr(buf, pe)) for pe in pes]
         reachable = torch.tensor([1 if all(peers) else 0], device=device)
@@ -366,7 +378,8 @@ class Arena:
         self.key, self.spec, self.transport, self.timeout_s, self.device = key, spec, transport, timeout_s, device
         self.layout = layout(spec, transport)  # a bad LL_COMBINE raises here, before the collective allocation
         rows_tagged = tagged_rows(spec, transport)  # a bad LL_ROWS too
-        self.sym = int(o.sym_malloc(self.layout["symmetric_total"]))  # collective
+        what = f"the arena of {spec.describe()} ({transport})"
+        self.sym = sym_malloc(self.layout["symmetric_total"], what)  # collective
         peers = [int(o.peer_ptr(self.sym, pe)) for pe in pes]
         if transport == "nvlink" and not all(peers):
             o.sym_free(self.sym)
