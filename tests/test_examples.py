@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("script, says", [
     ("dispatch_combine.py", "dispatch + experts + combine match the dense computation"),
     ("training_step.py", "the expert weights match the dense model"),
+    ("decode_step.py", "every step matches the dense computation"),
 ])
 def test_example_runs_and_checks_itself(script: str, says: str) -> None:
     run = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=ROOT, capture_output=True,

@@ -12,7 +12,7 @@ source scripts/gpu_call.sh stamps47
 tl() {  # NAME ARGS...: one timeline, its JSON under $OUT
   local name=$1
   shift
-  step "timeline $name" "timeline_$name.log" 150 python3 scripts/kernel_timeline.py --config deepseek_decode \
+  step "timeline $name" "timeline_$name.log" 130 python3 scripts/kernel_timeline.py --config deepseek_decode \
     --tokens 1 32 128 --iters 200 --out "$OUT/timeline_$name.json" "$@"
   grep -E "^==|events|_exit" "$raw/timeline_$name.log" | head -60
 }
@@ -20,3 +20,7 @@ tl ep2 --world-size 2
 tl ep2_split --world-size 2 --split
 tl ws1 --world-size 1
 tl ep2_put --world-size 2 --transport put
+# examples/decode_step.py (session 46) on the kernels: its step captured in a CUDA graph and replayed
+# per batch, each checked against the dense computation.
+step "decode example" decode_example.log 60 python3 examples/decode_step.py
+tail -2 "$raw/decode_example.log"
