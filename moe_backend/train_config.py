@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from .backends import TRAINING_WAIT_S
 from .backends.nvshmem_runtime import TRANSPORTS
 from .config import ConfigError, configs_dir, load, resolve_config
 
@@ -57,7 +58,7 @@ class DispatcherOptionsConfig:
     check_inputs: bool = False  # value checks of the router's topk_ids: host syncs, for debugging
     combine_in_float32: bool = False  # combine partials in float32
     transport: str = "auto"  # nvshmem: auto | put | nvlink
-    timeout_s: float = 10.0  # nvshmem: bound of every device-side wait
+    timeout_s: float = TRAINING_WAIT_S  # nvshmem: how long a receive waits for a late peer
     num_sms: int | None = None  # nvshmem: SMs the kernels size their grids for (None: all)
     send_stream: bool = False  # nvshmem: dispatch send kernel on a stream of its own (split use)
 

@@ -468,3 +468,20 @@ def test_spec_module_names_a_bad_environment_variable(env: dict[str, str], messa
     run = subprocess.run([sys.executable, "-c", "import integration.megatron.spec"], capture_output=True, text=True,
                          env={**os.environ, **env}, timeout=120)
     assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+
+
+def test_training_waits_longer_for_a_late_peer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the nvshmem backend runs, the dispatcher's communicators wait TRAINING_WAIT_S for a late
+    peer (a rank's data loading or checkpoint must not fail the run), unless the options set it;
+    the reference backend takes no such option."""
+    from integration.megatron import DispatcherOptions
+    from integration.megatron import dispatcher as mod
+    from moe_backend.backends import DEFAULT_WAIT_S, TRAINING_WAIT_S
+
+    assert TRAINING_WAIT_S > DEFAULT_WAIT_S
+    cpu = torch.device("cpu")
+    assert mod.communicator_options(DispatcherOptions(backend="auto"), cpu) == {"check_inputs": False}
+    monkeypatch.setattr(mod, "resolve_backend", lambda name, device: "nvshmem")
+    assert mod.communicator_options(DispatcherOptions(), cpu) == {"check_inputs": False, "timeout_s": TRAINING_WAIT_S}
+    chosen = DispatcherOptions(backend="nvshmem", backend_options=(("timeout_s", 2.5), ("transport", "put")))
+    assert mod.communicator_options(chosen, cpu) == {"check_inputs": False, "timeout_s": 2.5, "transport": "put"}

@@ -123,7 +123,7 @@ def test_dispatcher_options_reach_our_dispatcher(tmp_path: Path) -> None:
     spec = dispatchers.with_dispatcher(layer_spec(cfg), "nvshmem", cfg.dispatcher_options)
     opts = spec.submodules.mlp.keywords["options"]
     assert opts.backend == "nvshmem" and opts.check_inputs and not opts.combine_in_float32
-    assert dict(opts.backend_options) == {"transport": "put", "timeout_s": 10.0, "num_sms": 24, "send_stream": True}
+    assert dict(opts.backend_options) == {"transport": "put", "timeout_s": 300.0, "num_sms": 24, "send_stream": True}
     ref = dispatchers.with_dispatcher(layer_spec(cfg), "reference", cfg.dispatcher_options)
     assert ref.submodules.mlp.keywords["options"].backend_options == ()  # nvshmem-only options stay out
     assert dispatchers.with_dispatcher("unchanged", "alltoall", cfg.dispatcher_options) == "unchanged"

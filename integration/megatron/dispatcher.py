@@ -27,7 +27,7 @@ from megatron.core.transformer.moe.moe_utils import (
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 
 from moe_backend.autograd import DifferentiableCommunicator, Dispatched
-from moe_backend.backends import BACKENDS
+from moe_backend.backends import BACKENDS, TRAINING_WAIT_S, resolve_backend
 from moe_backend.spec import CommSpec
 
 from .cache import get_communicator
@@ -68,6 +68,15 @@ class DispatcherOptions:
             except TypeError:
                 raise TypeError(f"DispatcherOptions.backend_options {item[0]!r}: the value must be hashable "
                                 f"(a tuple, not a list), got {item[1]!r}") from None
+
+
+def communicator_options(options: DispatcherOptions, device: torch.device) -> dict[str, Any]:
+    """The communicator's options: the input checks, the backend's own options, and where the
+    nvshmem backend runs, training's wait for a late peer (TRAINING_WAIT_S) unless they set one."""
+    out = {"check_inputs": options.check_inputs, **dict(options.backend_options)}
+    if resolve_backend(options.backend, device) == "nvshmem":
+        out.setdefault("timeout_s", TRAINING_WAIT_S)
+    return out
 
 
 class MoEBackendTokenDispatcher(MoETokenDispatcher):
@@ -139,8 +148,8 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
             out_dtype=x.dtype,
             combine_in_float32=self.options.combine_in_float32,
         )
-        options = {"check_inputs": self.options.check_inputs, **dict(self.options.backend_options)}
-        return get_communicator(spec, m.group, self.options.backend, x.device, options)
+        return get_communicator(spec, m.group, self.options.backend, x.device,
+                                communicator_options(self.options, x.device))
 
     def _virtual_table(self, device: torch.device) -> torch.Tensor:
         if self._virtual is None or self._virtual.device != device:

@@ -12,8 +12,16 @@ from .base import Backend, Received
 
 BACKENDS = ("auto", "reference", "nvshmem")
 
-__all__ = ["BACKENDS", "Backend", "Received", "create_backend", "nvshmem_available", "resolve_backend"]
+__all__ = ["BACKENDS", "DEFAULT_WAIT_S", "TRAINING_WAIT_S", "Backend", "Received", "create_backend",
+           "nvshmem_available", "resolve_backend"]
 
+
+# How long a receive of the nvshmem backend waits for a late peer before its round fails
+# (`timeout_s`). The library's default fails fast, as inference wants; training ranks lag each
+# other by seconds at times (data loading, checkpoints, a first step's compilation), so the
+# Megatron dispatcher and `moe-backend train` wait longer (NCCL's default in torch is 10 min).
+DEFAULT_WAIT_S = 10.0
+TRAINING_WAIT_S = 300.0
 
 # The kernels are compiled for sm_90a only (csrc/build.py): code for it runs on compute
 # capability 9.0 (H100, H200, GH200) and on no other, older or newer.

@@ -1,13 +1,13 @@
 """The `nvshmem` backend: four split kernels (csrc/*_kernels.cuh, launched from csrc/moe_kernels.cu) over NVSHMEM.
 
-Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symmetric
-memory is reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait,
-default 10 s), `sync_check` (synchronise the stream after each receive and raise a timeout
-at once; for tests and debugging: it is a host sync), `num_sms` (SMs the kernels size their
-grids for, default every SM: fewer leaves the rest to concurrent compute; the grids then hold
-num_sms SMs' worth of threads: at most num_sms blocks of the plan, copy and combine kernels and
-3 * num_sms 128-thread dispatch-send blocks, which the hardware may place on more SMs than
-num_sms), `send_stream` (see Overlap below).
+Options: `transport="auto"|"put"|"nvlink"` (auto: nvlink when every peer's symmetric memory is
+reachable through `nvshmem_ptr`), `timeout_s` (bound of every device-side wait, default
+DEFAULT_WAIT_S = 10 s; training's is TRAINING_WAIT_S), `sync_check` (synchronise the stream
+after each receive and raise a timeout at once; for tests and debugging: it is a host sync),
+`num_sms` (SMs the kernels size their grids for, default every SM: fewer leaves the rest to
+concurrent compute; the grids then hold num_sms SMs' worth of threads: at most num_sms blocks of
+the plan, copy and combine kernels and 3 * num_sms 128-thread dispatch-send blocks, which the
+hardware may place on more SMs than num_sms), `send_stream` (see Overlap below).
 
 Errors: a timed-out wait records (phase, peer rank) in pinned host memory and the kernel
 exits. The backend checks that word, without any device sync, at the start of every op and
@@ -108,6 +108,7 @@ import torch.distributed as dist
 from .. import _C  # noqa: F401  (ImportError here = backend unavailable)
 from ..result import Handle
 from ..spec import FP8, CommSpec
+from . import DEFAULT_WAIT_S
 from . import nvshmem_runtime as rt
 from .base import Backend, Received
 
@@ -130,7 +131,7 @@ class NvshmemBackend(Backend):
         group: dist.ProcessGroup | None,
         device: torch.device,
         transport: str = "auto",
-        timeout_s: float = 10.0,
+        timeout_s: float = DEFAULT_WAIT_S,
         sync_check: bool = False,
         num_sms: int | None = None,
         send_stream: bool = False,
