@@ -30,6 +30,10 @@ symmetrically, every replica receives the full gradient of its tokens (and of it
 `grad_out`, so the replicas' `grad_out` must be identical (what tensor-parallel code
 guarantees for a replicated activation); the gradient is that of *one* logical copy.
 
+Activation checkpointing reruns the forward's rounds in the backward (every rank alike); the
+combine receive saves an (empty) tensor so that a recomputation stopped at the last saved
+tensor (torch's non-reentrant checkpoint) stops with the round closed.
+
 Rules: use a separate `grad_comm` (see `grad_spec`) so that forwards of other micro-batches
 may interleave with a backward; the backward rounds of different layers must not
 interleave (autograd's dependency order guarantees it for sequential layers). A schedule
@@ -244,10 +248,15 @@ class _CombineSend(torch.autograd.Function):
 
 class _CombineRecv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, link: _Link, _ticket):  # type: ignore[override]
+    def forward(ctx, link: _Link, ticket):  # type: ignore[override]
         receiver, link.combine_receiver = link.combine_receiver, None
         ctx.link = link
-        return receiver.recv()
+        out = receiver.recv()
+        # Saved (empty) so that activation checkpointing that stops its recomputation at the last
+        # saved tensor (torch's non-reentrant checkpoint) stops after this receive, not after the
+        # combine send's save with the round still open (the next dispatch would be refused).
+        ctx.save_for_backward(ticket)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]

@@ -220,3 +220,47 @@ def test_grad_spec_mirrors_forward() -> None:
     assert (g.hidden, g.in_dtype, g.out_dtype, g.scale_block_size) == (24, torch.bfloat16, torch.bfloat16, None)
     assert dataclasses.replace(g, hidden=16, in_dtype=spec.in_dtype, scale_block_size=8) == spec
     assert grad_spec(spec, weight_grads=False).hidden == 16
+
+
+def _worker_recomputed() -> None:
+    """The layer under activation checkpointing, both of torch's forms: the forward's rounds run
+    again in the backward, and outputs and gradients equal those without checkpointing. The
+    non-reentrant form stops its recomputation at the last saved tensor: the round must be
+    closed by then (the combine receive saves one), or the next step's dispatch is refused."""
+    from torch.utils.checkpoint import checkpoint
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    spec = CommSpec(num_experts=2 * world, topk=3, hidden=8, max_num_tokens=6, world_size=world,
+                    in_dtype=torch.float32, out_dtype=torch.float32)
+    ex = DifferentiableCommunicator.create(spec, backend="reference")
+    L = spec.num_local_experts
+    case = Case(spec, "uniform", 21, weighted=True, num_tokens_mode="int")
+    groups = make_inputs(case)
+    mine, lw = groups[rank], _loss_weights(spec, groups, 21)[rank]
+
+    def layer(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        d = ex.dispatch(x, mine.topk_ids, w, num_tokens=mine.num_tokens)
+        counts = d.tokens_per_expert.tolist()
+        total = sum(counts)
+        segments = torch.split(d.tokens[:total], counts)
+        y = torch.cat([_expert(seg, experts[e]) for e, seg in enumerate(segments)] + [d.tokens[total:] * 0])
+        return ex.combine(y, d, weights=d.weights)
+
+    def steps(run) -> tuple[torch.Tensor, ...]:
+        experts = _expert_weights(spec, 21)[rank * L : (rank + 1) * L].clone().requires_grad_()
+        x, w = mine.x.clone().requires_grad_(), mine.topk_weights.clone().requires_grad_()
+        for _ in range(2):  # the second step's dispatch finds the round closed
+            out = run(x, w, experts)
+            (out * lw).sum().backward()
+        return out.detach(), x.grad, w.grad, experts.grad
+
+    plain = steps(layer)
+    for reentrant in (False, True):
+        got = steps(lambda *a, r=reentrant: checkpoint(layer, *a, use_reentrant=r))
+        for a, b, what in zip(plain, got, ("out", "grad x", "grad w", "grad experts")):
+            _close(b, a, f"{what}, reentrant={reentrant}", atol=0, rtol=0)
+        assert ex.comm._phase == "idle" and ex.grad_comm._phase == "idle", (ex.comm._phase, ex.grad_comm._phase)
+
+
+def test_activation_checkpointing_reruns_whole_rounds() -> None:
+    spawn(_worker_recomputed, 2)
