@@ -226,7 +226,8 @@ def _worker_recomputed() -> None:
     """The layer under activation checkpointing, both of torch's forms: the forward's rounds run
     again in the backward, and outputs and gradients equal those without checkpointing. The
     non-reentrant form stops its recomputation at the last saved tensor: the round must be
-    closed by then (the combine receive saves one), or the next step's dispatch is refused."""
+    closed by then (the combine receive saves one), or the next step's dispatch is refused.
+    Evaluation forwards between the steps (no graph, or one never used) close their rounds too."""
     from torch.utils.checkpoint import checkpoint
 
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -247,11 +248,19 @@ def _worker_recomputed() -> None:
         return ex.combine(y, d, weights=d.weights)
 
     def steps(run) -> tuple[torch.Tensor, ...]:
+        """Two training steps, with the evaluation forms between them: no_grad, inference_mode and
+        a forward whose graph is dropped unused (each a whole round with no backward)."""
         experts = _expert_weights(spec, 21)[rank * L : (rank + 1) * L].clone().requires_grad_()
         x, w = mine.x.clone().requires_grad_(), mine.topk_weights.clone().requires_grad_()
         for _ in range(2):  # the second step's dispatch finds the round closed
             out = run(x, w, experts)
             (out * lw).sum().backward()
+            with torch.no_grad():
+                evaluated = run(x, w, experts)
+            with torch.inference_mode():
+                inferred = run(x.detach().clone(), w.detach().clone(), experts.detach().clone())
+            run(x, w, experts)  # its graph is dropped
+            assert torch.equal(evaluated, out.detach()) and torch.equal(inferred, out.detach())
         return out.detach(), x.grad, w.grad, experts.grad
 
     plain = steps(layer)
@@ -262,5 +271,5 @@ def _worker_recomputed() -> None:
         assert ex.comm._phase == "idle" and ex.grad_comm._phase == "idle", (ex.comm._phase, ex.grad_comm._phase)
 
 
-def test_activation_checkpointing_reruns_whole_rounds() -> None:
+def test_checkpointed_and_evaluation_forwards_close_their_rounds() -> None:
     spawn(_worker_recomputed, 2)
