@@ -26,7 +26,8 @@ def test_auto_takes_the_reference_on_gpus_the_kernels_do_not_run_on(
     sm = f"sm_{capability[0]}{capability[1]}"
     assert not ok and "built for sm_90a" in why and name in why and sm in why, why
     cuda = torch.device("cuda", 0)
-    assert resolve_backend("auto", cuda) == "reference"
+    with pytest.warns(UserWarning, match=f"backend 'auto' on cuda:0 takes 'reference': .*{sm}.*milliseconds"):
+        assert resolve_backend("auto", cuda) == "reference"
     spec = CommSpec(num_experts=4, topk=2, hidden=8, max_num_tokens=4, world_size=1)
     with pytest.raises(RuntimeError, match=f"backend 'nvshmem' is unavailable: .*{sm}"):
         create_backend("nvshmem", spec, None, cuda)

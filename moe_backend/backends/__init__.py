@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -49,7 +50,14 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        return "nvshmem" if device.type == "cuda" and nvshmem_available(device)[0] else "reference"
+        if device.type != "cuda":
+            return "reference"
+        ok, why = nvshmem_available(device)
+        if not ok:  # said once a process (one place, one message)
+            warnings.warn(f"backend 'auto' on {device} takes 'reference': the nvshmem kernels cannot run ({why}); "
+                          "the reference is the correctness oracle and takes milliseconds an op on GPUs",
+                          stacklevel=1)
+        return "nvshmem" if ok else "reference"
     return name
 
 
