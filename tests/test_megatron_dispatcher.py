@@ -446,6 +446,35 @@ def test_layer_spec_refuses_names_and_options_it_would_ignore() -> None:
         gpt_layer_spec("nvshmem", use_te=False, options=DispatcherOptions(backend="reference"))
 
 
+def _worker_checkpointed() -> None:
+    """Megatron's six steps under torch's non-reentrant activation checkpointing, three steps in a
+    row: the recomputed rounds close (the next step's dispatch is accepted) and the outputs and
+    gradients are those of the same steps without checkpointing, bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    pg = _init(1, 2)
+    disp = _dispatcher(_config(1, 2), pg)
+    seed = dist.get_rank()
+    _, routing_map = _random_routing(seed, S * B)
+
+    def step(x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        return _round_trip(disp, x, routing_map, probs, "checkpointed")[0]
+
+    got = []
+    for checkpointed in (False, True, True):
+        x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(100 + seed)).requires_grad_()
+        probs = (routing_map.float() / TOPK).requires_grad_()
+        out = checkpoint(step, x, probs, use_reentrant=False) if checkpointed else step(x, probs)
+        out.backward(torch.ones_like(out))
+        got.append((out.detach(), x.grad, probs.grad))
+    for later in got[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got[0], later)), "checkpointed steps differ"
+
+
+def test_megatron_dispatcher_under_activation_checkpointing() -> None:
+    spawn(_worker_checkpointed, 2)
+
+
 def test_megatron_dispatcher_static_shapes() -> None:
     spawn(_worker_ep2_static_shapes, 2)
 
