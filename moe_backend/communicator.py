@@ -63,8 +63,9 @@ class Communicator:
         self.check_inputs = check_inputs
         self.rank = rank
         self.id = next(_ids)
-        _agree(spec, resolve_backend(backend, self.device), backend_options, group)
-        self.backend = create_backend(backend, spec, group, self.device, **backend_options)
+        resolved = resolve_backend(backend, self.device)  # once: `auto` looks at the device
+        _agree(spec, resolved, backend_options, group)
+        self.backend = create_backend(resolved, spec, group, self.device, **backend_options)
         self._round = 0
         self._phase = "idle"  # idle -> dispatch_sent -> dispatched -> combine_sent -> idle
 

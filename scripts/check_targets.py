@@ -110,7 +110,7 @@ def _few_sm_floor(preset: dict[str, Any], row: dict[str, Any], op: str, world: i
     rows = _expert_row_bytes(preset, 4096, world)
     if op == "dispatch":
         return rows / (rates["store"] * 1e3) if rates.get("store") else None
-    loads = [v for k, v in rates.items() if k.endswith("load") or "load_" in k]
+    loads = [v for k, v in rates.items() if "load" in k]
     across = (row.get("bytes_across_max_rank") or {}).get("combine")
     if not loads or not rates.get("nvlink_store") or not across:
         return None

@@ -116,6 +116,8 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
         self._max_tokens = self.options.max_num_tokens
         self._virtual: torch.Tensor | None = None
         self._ex: DifferentiableCommunicator | None = None
+        # (device, communicator_options) of the last call: computed again only on another device.
+        self._comm_options: tuple[torch.device, dict[str, Any]] | None = None
         self._dispatched: Dispatched | None = None
         self._layout: PaddedLayout | None = None
         # Host counts (drop-and-pad needs none: its sizes are fixed): the dispatch receive syncs.
@@ -148,8 +150,9 @@ class MoEBackendTokenDispatcher(MoETokenDispatcher):
             out_dtype=x.dtype,
             combine_in_float32=self.options.combine_in_float32,
         )
-        return get_communicator(spec, m.group, self.options.backend, x.device,
-                                communicator_options(self.options, x.device))
+        if self._comm_options is None or self._comm_options[0] != x.device:  # resolving `auto` queries the device
+            self._comm_options = (x.device, communicator_options(self.options, x.device))
+        return get_communicator(spec, m.group, self.options.backend, x.device, self._comm_options[1])
 
     def _virtual_table(self, device: torch.device) -> torch.Tensor:
         if self._virtual is None or self._virtual.device != device:
