@@ -9,9 +9,14 @@ memcpy, memset) after each barrier's all-reduce: stream, start offset from the e
 all-reduce, duration. This shows the launch gaps and which kernel is the critical path,
 which the CUDA-event phase times of `moe-backend bench` cannot.
 
+`--overlap N...` profiles the benchmark's overlap row instead (deepseek-sweep at N tokens/rank,
+the send kernel on its own stream, the row's 2048 x 2048 bf16 matmul between send and receive):
+whether the communication kernels launched with the send run beside the matmul or wait for its
+blocks to drain. The nvshmem switches come from the environment (read when an arena is made).
+
 Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
 
-    python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING] [--world-size N]
+    python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING] [--world-size N] [--overlap N...]
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ if ROOT not in sys.path:
 if os.path.isdir("/tmp/site") and "/tmp/site" not in sys.path:  # wheels gpu_check.sh installed
     sys.path.append("/tmp/site")
 
-# (preset, tokens/rank, transport, overlap env value)
+# (preset, tokens/rank, transport, overlap env value, matmul between send and receive)
 CASES = [
-    ("deepseek-decode", 1, "nvlink", "1"),
-    ("deepseek-decode", 128, "nvlink", "1"),
-    ("deepseek-decode", 128, "put", "1"),
-    ("deepseek-prefill", 4096, "nvlink", "1"),
-    ("deepseek-prefill", 4096, "nvlink", "0"),
+    ("deepseek-decode", 1, "nvlink", "1", False),
+    ("deepseek-decode", 128, "nvlink", "1", False),
+    ("deepseek-decode", 128, "put", "1", False),
+    ("deepseek-prefill", 4096, "nvlink", "1", False),
+    ("deepseek-prefill", 4096, "nvlink", "0", False),
 ]
 
 
@@ -66,7 +71,7 @@ def _last_round(acts: list[dict]) -> list[str]:
     return lines
 
 
-def _profile_case(preset_name: str, n: int, transport: str, overlap: str, rank: int) -> list[str]:
+def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul: bool, rank: int) -> list[str]:
     import dataclasses
 
     import torch
@@ -81,14 +86,19 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, rank: 
     os.environ["MOE_BACKEND_NVSHMEM_OVERLAP"] = overlap  # read when an arena is created
     preset = load_bench(resolve_config(preset_name.replace("-", "_"), bench_presets_dir()))
     spec = dataclasses.replace(preset.comm.to_spec(dist.get_world_size()), max_num_tokens=n)
-    comm = Communicator(spec, backend="nvshmem", device=dev, check_inputs=False, transport=transport)
+    comm = Communicator(spec, backend="nvshmem", device=dev, check_inputs=False, transport=transport,
+                        send_stream=matmul)
     x, ids, _, scale = bench.make_routing(spec, n, 0, dev)
     y = torch.randn(spec.max_recv_tokens, spec.hidden, device=dev).to(spec.out_dtype)
     flag = torch.ones(1, device=dev)
+    a = torch.randn(2048, 2048, device=dev).to(torch.bfloat16)  # the overlap row's matmul
 
     def one_round() -> None:
         bench.barrier(dev, flag)
-        res = comm.dispatch_send(x, ids, None, scale).recv()
+        receiver = comm.dispatch_send(x, ids, None, scale)
+        if matmul:
+            torch.mm(a, a)
+        res = receiver.recv()
         bench.barrier(dev, flag)
         comm.combine_send(y, res.handle).recv()
 
@@ -106,17 +116,19 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, rank: 
         return _last_round(_gpu_activities(path))
 
 
-def _worker(out_dir: str, only: str) -> None:
+def _worker(out_dir: str, only: str, overlap_tokens: list[int]) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
     text: list[str] = []
-    for preset_name, n, transport, overlap in CASES:
+    cases = [("deepseek-sweep", n, "nvlink", "1", True) for n in overlap_tokens] or CASES
+    for preset_name, n, transport, overlap, matmul in cases:
         if only not in preset_name:
             continue
-        text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}")
+        between = ", a matmul between send and receive" if matmul else ""
+        text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}{between}")
         try:
-            text += _profile_case(preset_name, n, transport, overlap, rank)
+            text += _profile_case(preset_name, n, transport, overlap, matmul, rank)
         except Exception:
             text.append(traceback.format_exc(limit=6))
         dist.barrier()
@@ -135,9 +147,11 @@ def main() -> None:
     ap.add_argument("out_dir", nargs="?", default=".")
     ap.add_argument("only", nargs="?", default="", help='cases whose preset contains this, e.g. "prefill"')
     ap.add_argument("--world-size", type=int, default=2, help="local GPUs, one process each (1: no link)")
+    ap.add_argument("--overlap", type=int, nargs="+", default=[], metavar="N",
+                    help="profile the overlap row (send stream, matmul between) at these tokens/rank instead")
     args = ap.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    spawn(_worker, args.world_size, args.out_dir, args.only, dist_backend="nccl", timeout=300)
+    spawn(_worker, args.world_size, args.out_dir, args.only, args.overlap, dist_backend="nccl", timeout=300)
 
 
 if __name__ == "__main__":
