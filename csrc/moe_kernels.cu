@@ -483,7 +483,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
     overlap_sms = std::max(1, std::min(p->num_sms, std::atoi(v)));
   // Round 64 (off by default until measured): the two-part receive (size_grids), its items few
   // enough that the first part's warps claim a few each, small enough for the second part.
-  cx->two_part = send_stream && p->direct && env_switch("MOE_BACKEND_NVSHMEM_TWO_PART_RECV", false);
+  cx->two_part = send_stream && p->direct && env_switch("MOE_BACKEND_NVSHMEM_TWO_PART_RECV", false, true);
   cx->grids = size_grids(*p, env_switch("MOE_BACKEND_NVSHMEM_ITEM_GRIDS", true),
                          env_switch("MOE_BACKEND_NVSHMEM_COMPACT_RECV", send_stream, true), overlap_sms, cx->two_part);
   // Round 36: a whole combine of a decode-sized arena on one stream, its receive launched by PDL

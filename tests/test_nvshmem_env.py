@@ -29,6 +29,17 @@ def test_every_variable_the_code_reads_is_known_and_no_other() -> None:
     assert switches == set(nvshmem_env.SWITCHES)
 
 
+def test_every_switch_off_by_default_can_be_turned_on() -> None:
+    """`env_switch(name, false)` without `can_force` ignores `name=1`: such a switch could never
+    be turned on (round 64's `TWO_PART_RECV` was, until session 47: its tests and A/B ran the
+    default). Off by default means forceable."""
+    code = (ROOT / "csrc/moe_kernels.cu").read_text()
+    calls = re.findall(r'env_switch\(\s*"' + PREFIX + r'(\w+)"\s*,\s*([^;]*?)\)\s*(?:[;?&|)]|$)', code)
+    assert len(calls) >= 20, calls
+    stuck = [name for name, args in calls if args.split(",")[0].strip() == "false" and "true" not in args]
+    assert stuck == [], f"off by default and not forceable: {stuck}"
+
+
 def test_known_values_pass() -> None:
     env = {PREFIX + name: value for name, value in zip(sorted(nvshmem_env.SWITCHES), "01" * 32)}
     env |= {PREFIX + "CE_CHUNKS": "3", PREFIX + "COPY_PIECES": "", PREFIX + "LL_COMBINE": "20",

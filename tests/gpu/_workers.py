@@ -300,10 +300,9 @@ def contract_tasks_worker() -> None:
 LATENCY_KERNELS = ("dispatch_fused_kernel", "combine_send_kernel", "combine_recv_kernel")
 
 
-def traced_kernels(step: Callable[..., object], *args: object,
-                   names: tuple[str, ...] = LATENCY_KERNELS) -> dict[str, dict[str, Any]]:
-    """The trace arguments (grid, stream, ...) of each kernel of `names` (by default the latency
-    kernels) that `step(*args)` launched."""
+def traced_launches(step: Callable[..., object], *args: object) -> list[dict[str, Any]]:
+    """Every kernel launch `step(*args)` made, in start order, as the profiler's trace events
+    (`name`, `ts`, `args`: grid, stream, ...)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -314,10 +313,17 @@ def traced_kernels(step: Callable[..., object], *args: object,
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f)["traceEvents"]
+    return sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+
+
+def traced_kernels(step: Callable[..., object], *args: object,
+                   names: tuple[str, ...] = LATENCY_KERNELS) -> dict[str, dict[str, Any]]:
+    """The trace arguments (grid, stream, ...) of each kernel of `names` (by default the latency
+    kernels) that `step(*args)` launched (the last launch of each)."""
     kernels: dict[str, dict[str, Any]] = {}
-    for event in events:
+    for event in traced_launches(step, *args):
         for kernel in names:
-            if event.get("cat") == "kernel" and kernel in event.get("name", ""):
+            if kernel in event.get("name", ""):
                 kernels[kernel] = event["args"]
     return kernels
 

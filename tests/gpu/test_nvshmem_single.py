@@ -19,7 +19,7 @@ from moe_backend import launch
 from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.communicator import Communicator
 from moe_backend.spec import CommSpec
-from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, run_case
+from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, bitwise_equal, make_inputs, oracle_dispatch, run_case
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workers  # noqa: E402
@@ -347,6 +347,49 @@ def test_grids_follow_the_largest_call(per_item: bool, compact_recv: str | None,
     blocks (32 tokens of 4 KB rows: 2 pieces on 4 blocks at k=4, 1 piece on 2 blocks at k=1), the
     send has 3k blocks."""
     launch.spawn(_grids_worker, 1, SEED, per_item, compact_recv, overlap_sms, dist_backend="nccl", timeout=120)
+
+
+def _two_part_worker(seed: int) -> None:
+    os.environ["MOE_BACKEND_NVSHMEM_TWO_PART_RECV"] = "1"  # read when an arena is created
+    device = torch.device("cuda", 0)
+    spec = CommSpec(num_experts=16, topk=4, hidden=2048, max_num_tokens=64, world_size=1)
+    groups = make_inputs(Case(spec, "uniform", seed, False, "int"))
+    x, ids = groups[0].x.to(device), groups[0].topk_ids.to(device)
+    comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=True)
+    a = torch.randn(1024, 1024, device=device)
+    got: dict[str, torch.Tensor] = {}
+
+    def split_with_work_between() -> None:
+        receiver = comm.dispatch_send(x, ids)
+        torch.mm(a, a)
+        result = receiver.recv()
+        got["tokens"], got["tpe"] = result.tokens.clone(), result.tokens_per_expert.clone()
+        comm.combine(result.tokens, result.handle)
+
+    try:
+        split_with_work_between()  # a first round: one-time setup out of the trace
+        launches = [e for e in _workers.traced_launches(split_with_work_between)
+                    if "dispatch_direct_kernel" in e["name"]]
+        where = f"launches {[(e['name'][:60], e['args']['grid'][0], e['args']['stream']) for e in launches]}"
+        assert len(launches) == 2, where
+        first, second = launches
+        assert first["name"] == second["name"] and first["name"].split("(")[0].endswith("true>"), where
+        assert first["args"]["grid"][0] == 4, where  # OVERLAP_SMS blocks, launched with the send
+        assert second["args"]["stream"] != first["args"]["stream"], where  # behind the caller's work
+        want = oracle_dispatch(spec, groups, 0)
+        total = int(want.tokens_per_expert.sum())
+        assert bitwise_equal(got["tpe"].cpu(), want.tokens_per_expert), where
+        assert bitwise_equal(got["tokens"][:total].cpu(), want.tokens), where
+    finally:
+        comm.close()
+
+
+def test_two_part_receive_launches_both_parts() -> None:
+    """TWO_PART_RECV=1 (round 64) in a send-stream arena with the direct receive: the split
+    dispatch's receive is the DYN instance launched twice, 4 blocks with the send and the rest on
+    the caller's stream behind its work, and its rows are the oracle's (session 47: the switch
+    could not be turned on before, so round 64's earlier tests ran the default)."""
+    launch.spawn(_two_part_worker, 1, SEED, dist_backend="nccl", timeout=120)
 
 
 @pytest.mark.parametrize("wide", [True, False])
