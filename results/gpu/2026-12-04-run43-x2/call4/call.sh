@@ -1,6 +1,6 @@
 #!/bin/bash
 # Prepared in run 43 for `nvidia-h200-x2` (refused there: no longer lent), call 4. Build main first
-# (`scripts/build_device_extension.sh main46`, gzip it; carry `.commit .devso`): run 43's defaults
+# (`scripts/build_device_extension.sh main47`, gzip it; carry `.commit .devso`): run 43's defaults
 # (the fused combine past the overlap limit, bulk row loads, copy-engine chunks shrinking by 0.6)
 # and round 59 (the decode arena's combine tagged by call). The decode record (compared with call
 # 1's, run 43's record before them), round 59 against LL_COMBINE_BY_CALL=0 alternately twice, the
@@ -8,7 +8,7 @@
 # lease returns the decode rows first (each step packs what it wrote). Run 44's rounds 62-64 have
 # their EP2 A/Bs in results/gpu/2026-12-04-run44/call7/call.sh, the call after this one.
 set -u
-source scripts/gpu_call.sh main46
+source scripts/gpu_call.sh main47
 R1=results/gpu/2026-12-04-run43-x2/call1
 record() {
   step "$1" "$1.log" 100 python3 -m moe_backend.cli bench --config $1 --backend all --sms 24 --world-size 2 \

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prepared in run 43 for `nvidia-h200-x2` (after call 4): round 60, the copy-engine send's flags
 # copied by the copy engines behind each chunk's rows (MOE_BACKEND_NVSHMEM_CE_FLAG_COPY=1), no flag
-# kernel. Build main (`scripts/build_device_extension.sh main46`, gzip it; carry `.commit .devso`).
+# kernel. Build main (`scripts/build_device_extension.sh main47`, gzip it; carry `.commit .devso`).
 # 1. Tests at EP2: the copy-engine contract suite (its third pass copies the flags) and the
 #    work-between test with every send by copy engine, flags copied.
 # 2. The prefill dispatch, default against CE_FLAG_COPY=1, alternately twice (predicted: the last
@@ -12,7 +12,7 @@
 # 3. The sweep's overlap rows with every send by copy engine, flags copied (CE_SEND=1
 #    CE_FLAG_COPY=1): no SM taken from the matmul by the send; against call 4's sweep.
 set -u
-source scripts/gpu_call.sh main46
+source scripts/gpu_call.sh main47
 step "CE tests" tests_ce.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py -k "copy_engine_send"
 step "work-between, flags copied" tests_wb.log 100 env ${N}_CE_SEND=1 ${N}_CE_FLAG_COPY=1 python3 -m pytest -q -m gpu \
   -rA tests/gpu/test_nvshmem.py -k "work_between"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Prepared in run 44 for `nvidia-h200-x2`, after results/gpu/2026-12-04-run43-x2/call4 (the records)
-# and before its call5: the EP2 A/Bs of run 44's rounds, main's build `main46` (carry `.commit .devso`),
+# and before its call5: the EP2 A/Bs of run 44's rounds, main's build `main47` (carry `.commit .devso`),
 # each alternately twice.
 # 1. Round 62 (a send-stream arena's split dispatch on 4 SMs where its rows fit): the sweep's
 #    overlap rows, the default against OVERLAP_SMS=132 (round 61). Predicted: 16 tokens 1.21 ->
@@ -10,7 +10,7 @@
 # 3. Round 63 (PUT_TAGGED=1): the sweep's put and nvlink rows at 1-32 tokens. Predicted: put's
 #    16-token combine 14.9 -> ~12.1-13.4 us (1.08-1.19x nvlink's).
 set -u
-source scripts/gpu_call.sh main46
+source scripts/gpu_call.sh main47
 step "ab overlap (rounds 62, 64)" ab_overlap.log 240 env AB_BENCH_ARGS="--world-size 2 --num-tokens 1 4 16 32 64 128" \
   bash scripts/gpu_ab_bench.sh $raw/ab_overlap deepseek_sweep \
   base ${N}_OVERLAP_SMS=132 ${N}_TWO_PART_RECV=1 base ${N}_OVERLAP_SMS=132 ${N}_TWO_PART_RECV=1
