@@ -15,7 +15,7 @@ step "two-part test" tests_two_part.log 60 python3 -m pytest -q -m gpu -rA tests
 step "ab two-part receive" ab_two_part.log 110 env AB_BENCH_ARGS="--world-size 1 --num-tokens 64 128" \
   bash scripts/gpu_ab_bench.sh $raw/ab_two_part deepseek_sweep base ${N}_TWO_PART_RECV=1 base ${N}_TWO_PART_RECV=1
 cut -c1-45,61-200 $raw/ab_two_part/ab.txt | grep overlap
-step "compile diagnosis" diag_compile.log 50 python3 results/gpu/2026-12-05-run45/call2/diag_compile.py
+step "compile diagnosis" diag_compile.log 90 python3 results/gpu/2026-12-05-run45/call2/diag_compile.py
 grep -E "searchsorted|case|same|oracle|FAILS|Error" "$raw/diag_compile.log" | head -20
 step "overlap timeline two-part" overlap_timeline_two_part.log 40 env ${N}_TWO_PART_RECV=1 python3 \
   scripts/profile_timeline.py "$raw/overlap_timeline_two_part" --world-size 1 --overlap 64 128
