@@ -116,15 +116,19 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul
         return _last_round(_gpu_activities(path))
 
 
+def select_cases(only: str, overlap_tokens: list[int]) -> list[tuple[str, int, str, str, bool]]:
+    """The cases to profile: the overlap row at each of `overlap_tokens` if any, else CASES;
+    those whose preset contains `only`."""
+    cases = [("deepseek-sweep", n, "nvlink", "1", True) for n in overlap_tokens] or CASES
+    return [case for case in cases if only in case[0]]
+
+
 def _worker(out_dir: str, only: str, overlap_tokens: list[int]) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
     text: list[str] = []
-    cases = [("deepseek-sweep", n, "nvlink", "1", True) for n in overlap_tokens] or CASES
-    for preset_name, n, transport, overlap, matmul in cases:
-        if only not in preset_name:
-            continue
+    for preset_name, n, transport, overlap, matmul in select_cases(only, overlap_tokens):
         between = ", a matmul between send and receive" if matmul else ""
         text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}{between}")
         try:

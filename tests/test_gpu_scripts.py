@@ -158,3 +158,19 @@ def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
     assert (repo / ".devso" / "b.so").read_text() == "carried"
     with tarfile.open(out / "call.tgz") as tar:
         assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]
+
+
+def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
+    """`--overlap N...` profiles the overlap row (sweep preset, matmul between send and receive)
+    at those token counts instead of the decode and prefill cases; the preset filter applies."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("profile_timeline", ROOT / "scripts" / "profile_timeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.select_cases("", [64, 128]) == [("deepseek-sweep", 64, "nvlink", "1", True),
+                                                  ("deepseek-sweep", 128, "nvlink", "1", True)]
+    plain = module.select_cases("", [])
+    assert plain == module.CASES and not any(case[4] for case in plain)
+    assert {case[0] for case in module.select_cases("prefill", [])} == {"deepseek-prefill"}
+    assert module.select_cases("prefill", [64]) == []
