@@ -187,6 +187,10 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     return {"phases": result_stats, "host_us": host_stats, "bytes_across_max_rank": total}
 
 
+# The overlap row's matmul on a GPU: square bf16 of this size (one wave of 128 tiles on an H200).
+OVERLAP_MATMUL_DIM = 2048
+
+
 def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> dict[str, Any]:
     """Dispatch send, an independent matmul of about the dispatch's length, dispatch receive.
 
@@ -199,7 +203,7 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) 
     spec, device = comm.spec, comm.device
     x, ids, _, scale = make_routing(spec, n, preset.bench.seed, device)
     flag = torch.ones(1, device=device)
-    dim = 2048 if device.type == "cuda" else 256
+    dim = OVERLAP_MATMUL_DIM if device.type == "cuda" else 256
     a = torch.randn(dim, dim, device=device).to(torch.bfloat16 if device.type == "cuda" else torch.float32)
     y: torch.Tensor | None = None
 

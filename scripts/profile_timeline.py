@@ -10,7 +10,7 @@ all-reduce, duration. This shows the launch gaps and which kernel is the critica
 which the CUDA-event phase times of `moe-backend bench` cannot.
 
 `--overlap N...` profiles the benchmark's overlap row instead (deepseek-sweep at N tokens/rank,
-the send kernel on its own stream, the row's 2048 x 2048 bf16 matmul between send and receive):
+the send kernel on its own stream, the row's bf16 matmul (`bench.OVERLAP_MATMUL_DIM`) between send and receive):
 whether the communication kernels launched with the send run beside the matmul or wait for its
 blocks to drain. The nvshmem switches come from the environment (read when an arena is made).
 
@@ -91,12 +91,13 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul
     x, ids, _, scale = bench.make_routing(spec, n, 0, dev)
     y = torch.randn(spec.max_recv_tokens, spec.hidden, device=dev).to(spec.out_dtype)
     flag = torch.ones(1, device=dev)
-    a = torch.randn(2048, 2048, device=dev).to(torch.bfloat16)  # the overlap row's matmul
+    dim = bench.OVERLAP_MATMUL_DIM
+    a = torch.randn(dim, dim, device=dev).to(torch.bfloat16) if matmul else None  # the overlap row's matmul
 
     def one_round() -> None:
         bench.barrier(dev, flag)
         receiver = comm.dispatch_send(x, ids, None, scale)
-        if matmul:
+        if a is not None:
             torch.mm(a, a)
         res = receiver.recv()
         bench.barrier(dev, flag)
