@@ -18,7 +18,7 @@ step "ab two-part receive" ab_two_part.log 150 env AB_BENCH_ARGS="--world-size 1
   bash scripts/gpu_ab_bench.sh $raw/ab_two_part deepseek_sweep base ${N}_TWO_PART_RECV=1 ${N}_TWO_PART_RECV=1,${N}_OVERLAP_SMS=4 \
   base ${N}_TWO_PART_RECV=1 ${N}_TWO_PART_RECV=1,${N}_OVERLAP_SMS=4
 cut -c1-45,61-200 $raw/ab_two_part/ab.txt | grep overlap
-step "compile diagnosis" diag_compile.log 90 python3 results/gpu/2026-12-05-run45/call2/diag_compile.py
+step "compile diagnosis" diag_compile.log 120 python3 results/gpu/2026-12-05-run45/call2/diag_compile.py
 grep -E "searchsorted|case|same|oracle|FAILS|Error" "$raw/diag_compile.log" | head -20
 step "overlap timeline two-part" overlap_timeline_two_part.log 40 env ${N}_TWO_PART_RECV=1 python3 \
   scripts/profile_timeline.py "$raw/overlap_timeline_two_part" --world-size 1 --overlap 64 128

@@ -1,6 +1,7 @@
 """Session 47's diagnosis of run 44 call 6 / run 45 call 1's compiled decode step (one GPU): which
 part of `_StaticStep.run` differs under torch.compile. Run from the repository root."""
 import sys
+import time
 
 import torch
 
@@ -8,11 +9,23 @@ sys.path[:0] = ["tests/gpu", "tests"]
 import _workers  # noqa: E402
 
 from moe_backend import launch  # noqa: E402
-from moe_backend.testing import ROUTINGS, Case, bitwise_equal, expert_fn  # noqa: E402
+from moe_backend.testing import ROUTINGS, Case, bitwise_equal, expert_fn, oracle_combine  # noqa: E402
 
 
 def same(a: torch.Tensor, b: torch.Tensor, n: int) -> bool:
     return bitwise_equal(a[:n].cpu(), b[:n].cpu())
+
+
+def combine_diff(step, out: torch.Tensor, groups) -> str:
+    """Which output rows differ from the oracle's, and whether they are zero (never written)."""
+    want = oracle_combine(step.spec, groups, step.rank // step.spec.tp_size, True)
+    got = out[: want.shape[0]].cpu()
+    bad = (got.view(torch.int16) != want.view(torch.int16)).any(dim=1).nonzero().flatten()
+    if bad.numel() == 0:
+        return "combine rows all equal"
+    zero = int((got[bad] == 0).all(dim=1).sum())
+    return (f"{bad.numel()} of {want.shape[0]} rows differ (first {bad[:8].tolist()}), {zero} of them all zero, "
+            f"max abs diff {float((got[bad].float() - want[bad].float()).abs().max()):.3g}")
 
 
 def expert_part(res, rank: int, L: int):
@@ -59,7 +72,21 @@ def worker(seed: int) -> None:
                     step.check(res, out, groups, case)
                     print(f"  {label}: matches the oracle", flush=True)
                 except AssertionError as err:
-                    print(f"  {label}: FAILS {err}", flush=True)
+                    print(f"  {label}: FAILS {err}; {combine_diff(step, out, groups)}", flush=True)
+        # If eager y above failed: is it the gap (the compile's seconds) between dispatch and
+        # combine, with no compiler involved? The same eager step, sleeping 5 s in the middle.
+        case = Case(step.spec, ROUTINGS[1], seed + 200, True, "tensor")
+        groups = step.load(case)
+        res = step.comm.dispatch(step.x, step.ids, step.w, None, step.n)
+        time.sleep(5)
+        y, _ = expert_part(res, step.rank, L)
+        out = step.comm.combine(y, res.handle, weights=res.weights)
+        torch.cuda.synchronize()
+        try:
+            step.check(res, out, groups, case)
+            print("  eager with a 5 s gap: matches the oracle", flush=True)
+        except AssertionError as err:
+            print(f"  eager with a 5 s gap: FAILS {err}; {combine_diff(step, out, groups)}", flush=True)
         step.comm.close()
 
 
