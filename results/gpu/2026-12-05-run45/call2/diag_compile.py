@@ -28,6 +28,15 @@ def combine_diff(step, out: torch.Tensor, groups) -> str:
             f"max abs diff {float((got[bad].float() - want[bad].float()).abs().max()):.3g}")
 
 
+def report(label: str, step, res, out: torch.Tensor, groups, case: Case) -> None:
+    """Whether a step's results match the oracle; if not, which combine rows differ."""
+    try:
+        step.check(res, out, groups, case)
+        print(f"  {label}: matches the oracle", flush=True)
+    except AssertionError as err:
+        print(f"  {label}: FAILS {err}; {combine_diff(step, out, groups)}", flush=True)
+
+
 def expert_part(res, rank: int, L: int):
     """`_StaticStep.run`'s part between dispatch and combine."""
     rows = torch.arange(res.tokens.shape[0], device=res.tokens.device)
@@ -65,14 +74,10 @@ def worker(seed: int) -> None:
             runs = [("eager y", None)] + [(f"compiled run ({b})", torch.compile(step.run, backend=b))
                                           for b in ("eager", "aot_eager", "inductor")]
             for label, run in runs:
-                try:
-                    if run is not None:
-                        res, out = run()
-                        torch.cuda.synchronize()
-                    step.check(res, out, groups, case)
-                    print(f"  {label}: matches the oracle", flush=True)
-                except AssertionError as err:
-                    print(f"  {label}: FAILS {err}; {combine_diff(step, out, groups)}", flush=True)
+                if run is not None:
+                    res, out = run()
+                    torch.cuda.synchronize()
+                report(label, step, res, out, groups, case)
         # If eager y above failed: is it the gap (the compile's seconds) between dispatch and
         # combine, with no compiler involved? The same eager step, sleeping 5 s in the middle.
         case = Case(step.spec, ROUTINGS[1], seed + 200, True, "tensor")
@@ -82,11 +87,7 @@ def worker(seed: int) -> None:
         y, _ = expert_part(res, step.rank, L)
         out = step.comm.combine(y, res.handle, weights=res.weights)
         torch.cuda.synchronize()
-        try:
-            step.check(res, out, groups, case)
-            print("  eager with a 5 s gap: matches the oracle", flush=True)
-        except AssertionError as err:
-            print(f"  eager with a 5 s gap: FAILS {err}; {combine_diff(step, out, groups)}", flush=True)
+        report("eager with a 5 s gap", step, res, out, groups, case)
         step.comm.close()
 
 
