@@ -19,7 +19,7 @@ from moe_backend import launch
 from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.communicator import Communicator
 from moe_backend.spec import CommSpec
-from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, bitwise_equal, make_inputs, oracle_dispatch, run_case
+from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, GroupInputs, bitwise_equal, oracle_dispatch, run_case
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workers  # noqa: E402
@@ -353,8 +353,10 @@ def _two_part_worker(seed: int) -> None:
     os.environ["MOE_BACKEND_NVSHMEM_TWO_PART_RECV"] = "1"  # read when an arena is created
     device = torch.device("cuda", 0)
     spec = CommSpec(num_experts=16, topk=4, hidden=2048, max_num_tokens=64, world_size=1)
-    groups = make_inputs(Case(spec, "uniform", seed, False, "int"))
-    x, ids = groups[0].x.to(device), groups[0].topk_ids.to(device)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(64, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32)  # every row routed
+    groups = [GroupInputs(torch.randn(64, 2048, generator=gen).to(spec.in_dtype), ids, None, None, 64)]
+    x, ids = groups[0].x.to(device), ids.to(device)
     comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=True)
     a = torch.randn(1024, 1024, device=device)
     got: dict[str, torch.Tensor] = {}

@@ -91,4 +91,5 @@ def worker(seed: int) -> None:
         step.comm.close()
 
 
-launch.spawn(worker, 1, 422002274, dist_backend="nccl", timeout=300)
+if __name__ == "__main__":  # inductor's compile workers re-import this module
+    launch.spawn(worker, 1, 422002274, dist_backend="nccl", timeout=300)
