@@ -20,4 +20,4 @@ step "overlap timeline two-part" overlap_timeline_two_part.log 40 env ${N}_TWO_P
   scripts/profile_timeline.py "$raw/overlap_timeline_two_part" --world-size 1 --overlap 64 128
 grep -E "==|stream" "$raw/overlap_timeline_two_part/timeline.txt" | grep -v combine_ | head -16
 step "two-part suite EP2 shared" tests_ep2.log 60 env MOE_TEST_SHARED_GPU=1 MOE_TEST_WORLD=2 python3 -m pytest -q \
-  -m gpu -rA tests/gpu/test_nvshmem.py -k "send_stream"
+  -m gpu -rA tests/gpu/test_nvshmem.py -k "send_stream and TWO_PART"
