@@ -51,9 +51,7 @@ class DecodeStep:
         result = self.comm.dispatch(self.x, self.ids, self.weights, num_tokens=self.n)
         # Each row's local expert from the device offsets (no host sync: graph-safe); rows past
         # the valid total belong to no expert and are never read by combine.
-        rows = torch.arange(result.tokens.shape[0], device=result.tokens.device)
-        local = torch.searchsorted(result.expert_offsets[1:], rows, right=True)
-        local = local.clamp(max=self.comm.spec.num_local_experts - 1)
+        local = result.local_experts()
         y = result.tokens * expert_scale(self.first_expert + local)[:, None]
         return self.comm.combine(y, result.handle, weights=result.weights)
 

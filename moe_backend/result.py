@@ -77,6 +77,13 @@ class DispatchResult:
             weights=None if self.weights is None else self.weights[:n],
         )
 
+    def local_experts(self) -> torch.Tensor:
+        """Each row's local expert (int64, `[rows]`), from the device offsets without a host sync.
+
+        Rows past the valid total get the last expert (combine never reads them).
+        """
+        return row_local_experts(self.expert_offsets, self.tokens.shape[0])
+
     def padded(self, capacity: int | None = None) -> torch.Tensor:
         """`[L, capacity, hidden]` per-expert batches for batched GEMMs, zero past each count.
 
@@ -105,3 +112,13 @@ class DispatchResult:
         src_bytes = gathered.view(torch.uint8) if gathered.element_size() == 1 else gathered
         out_bytes[mask] = src_bytes[mask]
         return out
+
+
+def row_local_experts(expert_offsets: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Row `r`'s local expert `e` (`expert_offsets[e] <= r < expert_offsets[e + 1]`) for the
+    first `num_rows` rows, clamped to the last expert past the total. It searches the whole
+    offsets, not `expert_offsets[1:]`: inductor on CUDA (torch 2.11) ignores a sliced sequence's
+    start in `searchsorted` and silently shifts the answer (pytorch/pytorch#182343)."""
+    rows = torch.arange(num_rows, device=expert_offsets.device)
+    last = expert_offsets.shape[0] - 2
+    return (torch.searchsorted(expert_offsets, rows, right=True) - 1).clamp(0, max(last, 0))

@@ -12,6 +12,7 @@ from test_autograd import ATOL, _close, _distributed
 from moe_backend import CommSpec, Communicator
 from moe_backend.autograd import DifferentiableCommunicator
 from moe_backend.launch import spawn
+from moe_backend.result import row_local_experts
 from moe_backend.testing import ROUTINGS, Case, bitwise_equal, expert_fn, make_inputs, oracle_combine, oracle_dispatch
 
 
@@ -23,8 +24,7 @@ def _compiled_step_worker() -> None:
 
     def step(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, n: int):
         res = comm.dispatch(x, ids, w, None, n)
-        rows = torch.arange(res.tokens.shape[0])
-        local = torch.searchsorted(res.expert_offsets[1:], rows, right=True).clamp(max=L - 1)
+        local = res.local_experts()
         y = expert_fn(res.tokens, local + rank * L, spec.out_dtype)
         return res, comm.combine(y, res.handle, weights=res.weights)
 
@@ -63,3 +63,20 @@ def _compiled_autograd_worker() -> None:
 
 def test_compiled_differentiable_step_matches_eager() -> None:
     spawn(_compiled_autograd_worker, 2)
+
+
+def test_row_local_experts_matches_the_offsets_definition() -> None:
+    """Each row's local expert is the `e` with `offsets[e] <= row < offsets[e + 1]` (empty experts
+    included), the last past the total; eagerly and compiled alike (the helper avoids searching a
+    slice, which inductor on CUDA shifts)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    compiled = torch.compile(row_local_experts)
+    for experts in (1, 3, 8, 16):
+        counts = torch.randint(0, 4, (experts,), generator=gen)
+        counts[int(torch.randint(0, experts, (1,), generator=gen))] = 0  # an empty expert
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        rows = int(offsets[-1]) + 5  # rows past the total too
+        want = torch.tensor([next((e for e in range(experts) if r < int(offsets[e + 1])), experts - 1)
+                             for r in range(rows)])
+        assert torch.equal(row_local_experts(offsets, rows), want), offsets.tolist()
+        assert torch.equal(compiled(offsets, rows), want), offsets.tolist()

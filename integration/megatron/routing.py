@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from moe_backend.result import row_local_experts
+
 
 def routing_to_topk(
     routing_map: torch.Tensor, probs: torch.Tensor, topk: int
@@ -63,7 +65,7 @@ class PaddedLayout:
         self.pad_src = (offsets[expert] + slot).clamp(0, max(src_rows - 1, 0))
         # Received row r -> padded row (rows past the total, or over a fixed size, are dropped).
         r = torch.arange(src_rows, device=device)
-        r_expert = torch.searchsorted(offsets[1:], r, right=True).clamp(max=sizes.numel() - 1)
+        r_expert = row_local_experts(offsets, src_rows)  # not searchsorted(offsets[1:]): see there
         r_slot = r - offsets[r_expert]
         self.row_valid = (r < offsets[-1]) & (r_slot < sizes[r_expert])
         self.row_dst = (starts[r_expert] + r_slot).clamp(0, max(rows - 1, 0))

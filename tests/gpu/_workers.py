@@ -177,8 +177,7 @@ class _StaticStep:
     def run(self) -> tuple[Any, torch.Tensor]:
         comm, L = self.comm, self.spec.num_local_experts
         res = comm.dispatch(self.x, self.ids, self.w, None, self.n)
-        rows = torch.arange(res.tokens.shape[0], device=comm.device)
-        local = torch.searchsorted(res.expert_offsets[1:], rows, right=True).clamp(max=L - 1)
+        local = res.local_experts()
         y = expert_fn(res.tokens, local + self.rank * L, self.spec.out_dtype)
         return res, comm.combine(y, res.handle, weights=res.weights)
 
