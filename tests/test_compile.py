@@ -5,6 +5,7 @@ differentiable ops' outputs and gradients against the same step run eagerly."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from test_autograd import ATOL, _close, _distributed
@@ -65,18 +66,20 @@ def test_compiled_differentiable_step_matches_eager() -> None:
     spawn(_compiled_autograd_worker, 2)
 
 
-def test_row_local_experts_matches_the_offsets_definition() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu(gpus=1))])
+def test_row_local_experts_matches_the_offsets_definition(device: str) -> None:
     """Each row's local expert is the `e` with `offsets[e] <= row < offsets[e + 1]` (empty experts
     included), the last past the total; eagerly and compiled alike (the helper avoids searching a
-    slice, which inductor on CUDA shifts)."""
+    slice, which inductor on CUDA shifts), the offsets a view at an offset as the kernels' are."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
     compiled = torch.compile(row_local_experts)
     for experts in (1, 3, 8, 16):
         counts = torch.randint(0, 4, (experts,), generator=gen)
         counts[int(torch.randint(0, experts, (1,), generator=gen))] = 0  # an empty expert
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        flat = torch.cat([torch.tensor([7, 7]), torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        offsets = flat.to(device)[2:]  # storage offset 2
         rows = int(offsets[-1]) + 5  # rows past the total too
         want = torch.tensor([next((e for e in range(experts) if r < int(offsets[e + 1])), experts - 1)
                              for r in range(rows)])
-        assert torch.equal(row_local_experts(offsets, rows), want), offsets.tolist()
-        assert torch.equal(compiled(offsets, rows), want), offsets.tolist()
+        assert torch.equal(row_local_experts(offsets, rows).cpu(), want), offsets.tolist()
+        assert torch.equal(compiled(offsets, rows).cpu(), want), offsets.tolist()
