@@ -41,7 +41,8 @@ class Case:
         return f"{self.spec.describe()} {self.routing} {w} n={self.num_tokens_mode} seed={self.seed}"
 
 
-def _random_topk(gen: torch.Generator, rows: int, spec: CommSpec) -> torch.Tensor:
+def random_topk(gen: torch.Generator, rows: int, spec: CommSpec) -> torch.Tensor:
+    """`rows` tokens, each with `spec.topk` distinct random experts (int32)."""
     return torch.rand(rows, spec.num_experts, generator=gen).argsort(dim=1)[:, : spec.topk].to(torch.int32)
 
 
@@ -55,7 +56,7 @@ def make_inputs(case: Case) -> list[GroupInputs]:
         n = int(torch.randint(0, rows + 1, (1,), generator=gen))
         if case.routing == "empty" and g % 2 == 0:
             n = 0
-        ids = _random_topk(gen, rows, spec)
+        ids = random_topk(gen, rows, spec)
         if case.routing == "skewed":  # every token goes to expert 0, at a random position
             has0 = (ids == 0).any(dim=1)
             pos = torch.randint(0, spec.topk, (rows,), generator=gen)

@@ -55,17 +55,17 @@ class PaddedLayout:
     def __init__(self, counts: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, rows: int, src_rows: int):
         device = counts.device
         self.sizes = sizes
-        starts = torch.zeros_like(sizes)
-        starts[1:] = sizes.cumsum(0)[:-1]
+        padded_offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+        starts = padded_offsets[:-1]
         # Padded row p -> (expert, slot) -> received row.
         p = torch.arange(rows, device=device)
-        expert = torch.searchsorted(sizes.cumsum(0), p, right=True).clamp(max=sizes.numel() - 1)
+        expert = row_local_experts(padded_offsets, rows)
         slot = p - starts[expert]
         self.pad_valid = (slot < counts[expert]) & (slot < sizes[expert])
         self.pad_src = (offsets[expert] + slot).clamp(0, max(src_rows - 1, 0))
         # Received row r -> padded row (rows past the total, or over a fixed size, are dropped).
         r = torch.arange(src_rows, device=device)
-        r_expert = row_local_experts(offsets, src_rows)  # not searchsorted(offsets[1:]): see there
+        r_expert = row_local_experts(offsets, src_rows)
         r_slot = r - offsets[r_expert]
         self.row_valid = (r < offsets[-1]) & (r_slot < sizes[r_expert])
         self.row_dst = (starts[r_expert] + r_slot).clamp(0, max(rows - 1, 0))

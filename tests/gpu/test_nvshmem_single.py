@@ -19,7 +19,16 @@ from moe_backend import launch
 from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.communicator import Communicator
 from moe_backend.spec import CommSpec
-from moe_backend.testing import NUM_TOKENS_MODES, ROUTINGS, Case, GroupInputs, bitwise_equal, oracle_dispatch, run_case
+from moe_backend.testing import (
+    NUM_TOKENS_MODES,
+    ROUTINGS,
+    Case,
+    GroupInputs,
+    bitwise_equal,
+    oracle_dispatch,
+    random_topk,
+    run_case,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _workers  # noqa: E402
@@ -354,7 +363,7 @@ def _two_part_worker(seed: int) -> None:
     device = torch.device("cuda", 0)
     spec = CommSpec(num_experts=16, topk=4, hidden=2048, max_num_tokens=64, world_size=1)
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.rand(64, 16, generator=gen).argsort(dim=1)[:, :4].to(torch.int32)  # every row routed
+    ids = random_topk(gen, 64, spec)  # every row routed
     groups = [GroupInputs(torch.randn(64, 2048, generator=gen).to(spec.in_dtype), ids, None, None, 64)]
     x, ids = groups[0].x.to(device), ids.to(device)
     comm = Communicator(spec, backend="nvshmem", transport="nvlink", sync_check=True, send_stream=True)
