@@ -4,6 +4,7 @@ See docs/CONTRACT.md for the exact semantics every backend implements.
 """
 
 from .communicator import CombineReceiver, Communicator, DispatchReceiver, RoundError
+from .padded import PaddedDispatchResult, PaddedHandle
 from .result import DispatchResult, Handle
 from .spec import FP8, CommSpec, parse_dtype
 
@@ -17,6 +18,8 @@ __all__ = [
     "DispatchReceiver",
     "DispatchResult",
     "Handle",
+    "PaddedDispatchResult",
+    "PaddedHandle",
     "RoundError",
     "parse_dtype",
 ]

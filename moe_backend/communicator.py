@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from . import validate
 from .backends import create_backend, resolve_backend
+from .padded import Derived, PaddedDispatchResult, PaddedHandle, from_received, to_contiguous
 from .result import DispatchResult, Handle
 from .spec import CommSpec
 
@@ -143,6 +144,55 @@ class Communicator:
         if out is None:
             out = torch.empty(handle.num_input_rows, self.spec.hidden, dtype=self.spec.out_dtype, device=self.device)
         return y, handle, weights, out
+
+    # -- the padded layout (moe_backend/padded.py) ----------------------------------------
+    @_eager
+    def dispatch_padded(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> PaddedDispatchResult:
+        """Dispatch into `[L, G * M, hidden]` per-expert batches (see moe_backend.padded); one call,
+        send and receive. Its handle goes to `combine_padded`."""
+        self._expect_phase("idle", "dispatch")
+        x, ids, weights, scale, n = validate.check_dispatch(
+            self.spec, self.device, x, topk_ids, topk_weights, x_scale, num_tokens, self.check_inputs
+        )
+        got = self.backend.dispatch_padded(x, ids, weights, scale, n)  # raises: the round never began
+        if got is None:  # no padded path of the backend's own: from its contiguous dispatch
+            result = self._send(x, ids, weights, scale, n, whole=True)._recv()
+            got = from_received(self.spec, result.tokens, result.scales, result.weights, result.handle)
+        else:
+            self._round += 1
+        self._phase = "dispatched"
+        handle = PaddedHandle(
+            comm_id=self.id,
+            round=self._round,
+            spec=self.spec,
+            num_tokens=n,
+            num_input_rows=x.shape[0],
+            counts=got.counts,
+            src_token=got.src_token,
+            src_k=got.src_k,
+            topk_ids=ids,
+            backend_state=got.backend_state,
+        )
+        return PaddedDispatchResult(got.tokens, got.scales, got.weights, got.counts, got.tokens_per_expert, handle)
+
+    @_eager
+    def combine_padded(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
+        """Combine expert outputs in the padded layout (`[L, G * M, hidden]`, `weights [L, G * M]`
+        or None) into `out [T, hidden]`: the same result and summation order as `combine`."""
+        y, handle, weights, out = validate.check_combine_padded(
+            self.spec, self.device, self.id, self._round, expert_y, handle, weights, out
+        )
+        self._expect_phase("dispatched", "combine")
+        if out is None:
+            out = torch.empty(handle.num_input_rows, self.spec.hidden, dtype=self.spec.out_dtype, device=self.device)
+        try:
+            state = handle.backend_state
+            if isinstance(state, Derived):
+                rows_y, rows_w = to_contiguous(state, y, weights)
+                return self.backend.combine_whole(rows_y, state.handle, rows_w, out)
+            return self.backend.combine_padded(y, handle, weights, out)
+        finally:  # done, or failed past the checks: the round ends
+            self._phase = "idle"
 
     def close(self) -> None:
         self.backend.close()

@@ -175,15 +175,9 @@ def _expect(ok: bool, what: str, case: Case, rank: int) -> None:
 def run_case(comm: Communicator, case: Case) -> None:
     """Dispatch, run the stand-in experts, combine; check every output bit for bit."""
     spec, rank, device = comm.spec, comm.rank, comm.device
-    groups = make_inputs(case)
+    groups, mine, n = _case_inputs(comm, case)
     group = rank // spec.tp_size
-    mine = groups[group]
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    n: int | torch.Tensor | None = {
-        "none": None if mine.num_tokens == mine.x.shape[0] else mine.num_tokens,
-        "int": mine.num_tokens,
-        "tensor": torch.tensor([mine.num_tokens], dtype=torch.int32, device=device),
-    }[case.num_tokens_mode]
     result = comm.dispatch(to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
 
     want = oracle_dispatch(spec, groups, rank)
@@ -212,6 +206,73 @@ def run_case(comm: Communicator, case: Case) -> None:
     _expect(bitwise_equal(out, want_out), "combine output", case, rank)
 
 
+def _case_inputs(comm: Communicator, case: Case) -> tuple[list[GroupInputs], GroupInputs, int | torch.Tensor | None]:
+    """All groups' inputs, this rank's group's, and its num_tokens in the case's form."""
+    groups = make_inputs(case)
+    mine = groups[comm.rank // comm.spec.tp_size]
+    n: int | torch.Tensor | None = {
+        "none": None if mine.num_tokens == mine.x.shape[0] else mine.num_tokens,
+        "int": mine.num_tokens,
+        "tensor": torch.tensor([mine.num_tokens], dtype=torch.int32, device=comm.device),
+    }[case.num_tokens_mode]
+    return groups, mine, n
+
+
+def padded_expected(spec: CommSpec, want: Expected) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+    """The oracle's rows in the padded layout: counts `[L, G]` and, per row, its slot
+    `(l, g * M + i)` and row index in `want`."""
+    L, G, M = spec.num_local_experts, spec.num_groups, spec.max_num_tokens
+    counts = torch.zeros(L, G, dtype=torch.int32)
+    places = []
+    row = 0
+    for e in range(L):
+        for _ in range(int(want.tokens_per_expert[e])):
+            g = int(want.src_group[row])
+            places.append((e, g * M + int(counts[e, g]), row))
+            counts[e, g] += 1
+            row += 1
+    return counts, places
+
+
+def run_padded_case(comm: Communicator, case: Case) -> None:
+    """`dispatch_padded`, the stand-in experts on every slot, `combine_padded`; every output bit
+    checked against the oracle (the padded layout's rows are the contract's rows)."""
+    spec, rank, device = comm.spec, comm.rank, comm.device
+    groups, mine, n = _case_inputs(comm, case)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    result = comm.dispatch_padded(to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
+    want = oracle_dispatch(spec, groups, rank)
+    counts, places = padded_expected(spec, want)
+    L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens
+    _expect(bitwise_equal(result.counts, counts), "padded counts", case, rank)
+    _expect(bitwise_equal(result.tokens_per_expert, want.tokens_per_expert), "tokens_per_expert", case, rank)
+    _expect(tuple(result.tokens.shape) == (L, slots, spec.hidden), "padded tokens' shape", case, rank)
+    at = ([p[0] for p in places], [p[1] for p in places])
+    rows = [p[2] for p in places]
+    _expect(bitwise_equal(result.tokens.cpu()[at], want.tokens[rows]), "padded tokens", case, rank)
+    if want.scales is not None or result.scales is not None:
+        got = None if result.scales is None else result.scales.cpu()[at]
+        _expect(bitwise_equal(got, want.scales[rows]), "padded scales", case, rank)
+    if want.weights is not None or result.weights is not None:
+        got = None if result.weights is None else result.weights.cpu()[at]
+        _expect(bitwise_equal(got, want.weights[rows]), "padded weights", case, rank)
+    h = result.handle
+    for name in ("src_token", "src_k"):
+        _expect(bitwise_equal(getattr(h, name).cpu()[at], getattr(want, name)[rows]), f"padded {name}", case, rank)
+    valid = result.valid_slots().cpu()
+    mask = torch.zeros(L, slots, dtype=torch.bool)
+    mask[at] = True
+    _expect(torch.equal(valid, mask), "valid_slots", case, rank)
+
+    # Stand-in experts on every slot (slots past the counts hold garbage, combine never reads them).
+    local = torch.arange(L, device=device)[:, None].expand(L, slots).reshape(-1)
+    flat = result.tokens.reshape(L * slots, spec.hidden)
+    y = expert_fn(flat, local + rank * L, spec.out_dtype).view(L, slots, spec.hidden)
+    out = comm.combine_padded(y, h, weights=result.weights if case.weighted else None)
+    _expect(bitwise_equal(out, oracle_combine(spec, groups, comm.rank // spec.tp_size, case.weighted)),
+            "padded combine output", case, rank)
+
+
 DTYPE_COMBOS: list[dict[str, Any]] = [
     dict(in_dtype=torch.bfloat16, out_dtype=torch.bfloat16),
     dict(in_dtype=torch.float16, out_dtype=torch.float16),
@@ -230,8 +291,10 @@ def make_spec(**kw: Any) -> CommSpec:
     return CommSpec(**base)
 
 
-def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None = None) -> int:
-    """Every routing x dtype combo x weighting x num_tokens mode; returns the case count."""
+def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None = None, padded: bool = False) -> int:
+    """Every routing x dtype combo x weighting x num_tokens mode; returns the case count.
+    `padded`: each case through `dispatch_padded` / `combine_padded` instead."""
+    run = run_padded_case if padded else run_case
     done = 0
     for d, dtypes in enumerate(DTYPE_COMBOS):
         spec = make_spec(tp_size=tp_size, **dtypes)
@@ -239,7 +302,7 @@ def contract_matrix(backend: str, tp_size: int, seed: int, options: dict | None 
         for r, routing in enumerate(ROUTINGS):
             for m, mode in enumerate(("none", "int", "tensor")):
                 weighted = (r + m + d) % 2 == 0
-                run_case(comm, Case(spec, routing, seed + 1000 * d + 10 * r + m, weighted, mode))
+                run(comm, Case(spec, routing, seed + 1000 * d + 10 * r + m, weighted, mode))
                 done += 1
         comm.close()
     return done

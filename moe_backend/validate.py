@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .padded import PaddedHandle
 from .result import Handle
 from .spec import FP8, CommSpec
 
@@ -144,15 +145,7 @@ def check_combine(
     weights: object,
     out: object,
 ) -> tuple[torch.Tensor, Handle, torch.Tensor | None, torch.Tensor | None]:
-    if not isinstance(handle, Handle):
-        raise TypeError(f"handle must be the Handle returned by dispatch, got {type(handle).__name__}")
-    if handle.comm_id != comm_id:
-        raise ValueError("handle comes from another communicator; pass the handle of this communicator's dispatch")
-    if handle.round != current_round:
-        raise ValueError(
-            f"handle is from round {handle.round} but the latest dispatch is round {current_round}; "
-            "combine must use the handle of the latest dispatch"
-        )
+    _check_handle(handle, Handle, comm_id, current_round)
     # Backends read only rows < total; with the total known on the host those rows suffice,
     # else (no sync here) every row of the dispatch result is required.
     known = handle.host_valid_rows
@@ -165,12 +158,57 @@ def check_combine(
         weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(None,), device=device)
         if weights.shape[0] < rows:
             raise ValueError(f"weights must have at least {rows} entries (one per row; {what}), got {weights.shape[0]}")
-    if out is not None:
-        shape = (handle.num_input_rows, spec.hidden)
-        out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=shape, device=device)
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous")
-        if out.requires_grad:
-            raise ValueError("out must not require grad: combine writes it in place")
+    out = _check_out(spec, device, out, handle.num_input_rows)
     _refuse_grad(expert_y=expert_y, weights=weights)
     return expert_y.contiguous(), handle, None if weights is None else weights.contiguous(), out
+
+
+def _check_handle(handle: object, kind: type, comm_id: int, current_round: int) -> None:
+    """The handle of this communicator's latest dispatch, of the layout this combine takes."""
+    if not isinstance(handle, kind):
+        if isinstance(handle, (Handle, PaddedHandle)):
+            want, use = ("dispatch", "combine") if isinstance(handle, Handle) else ("dispatch_padded", "combine_padded")
+            raise TypeError(f"handle comes from {want}: pass it to {use}")
+        raise TypeError(f"handle must be the {kind.__name__} returned by dispatch, got {type(handle).__name__}")
+    if handle.comm_id != comm_id:
+        raise ValueError("handle comes from another communicator; pass the handle of this communicator's dispatch")
+    if handle.round != current_round:
+        raise ValueError(
+            f"handle is from round {handle.round} but the latest dispatch is round {current_round}; "
+            "combine must use the handle of the latest dispatch"
+        )
+
+
+def _check_out(spec: CommSpec, device: torch.device, out: object, rows: int) -> torch.Tensor | None:
+    if out is None:
+        return None
+    out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=(rows, spec.hidden), device=device)
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    if out.requires_grad:
+        raise ValueError("out must not require grad: combine writes it in place")
+    return out
+
+
+def check_combine_padded(
+    spec: CommSpec,
+    device: torch.device,
+    comm_id: int,
+    current_round: int,
+    expert_y: object,
+    handle: object,
+    weights: object,
+    out: object,
+) -> tuple[torch.Tensor, PaddedHandle, torch.Tensor | None, torch.Tensor | None]:
+    """`expert_y [L, G * M, hidden]` and `weights [L, G * M]`, the padded dispatch's layout."""
+    _check_handle(handle, PaddedHandle, comm_id, current_round)
+    assert isinstance(handle, PaddedHandle)
+    slots = spec.num_groups * spec.max_num_tokens
+    expert_y = check_tensor("expert_y", expert_y, dtypes=(spec.out_dtype,),
+                            shape=(spec.num_local_experts, slots, spec.hidden), device=device)
+    if weights is not None:
+        weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(spec.num_local_experts, slots),
+                               device=device).contiguous()
+    out = _check_out(spec, device, out, handle.num_input_rows)
+    _refuse_grad(expert_y=expert_y, weights=weights)
+    return expert_y.contiguous(), handle, weights, out

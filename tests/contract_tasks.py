@@ -13,15 +13,63 @@ from typing import Any
 import torch
 
 from moe_backend import FP8, CommSpec, Communicator, RoundError
-from moe_backend.testing import DTYPE_COMBOS, Case, contract_matrix, make_spec, run_case  # noqa: F401
+from moe_backend.testing import (  # noqa: F401
+    DTYPE_COMBOS,
+    Case,
+    contract_matrix,
+    make_spec,
+    run_case,
+    run_padded_case,
+)
 
 
-def run_cases(backend: str, cases: list[Case], options: dict | None = None) -> int:
+def run_cases(backend: str, cases: list[Case], options: dict | None = None, padded: bool = False) -> int:
     for case in cases:
         comm = Communicator(case.spec, backend=backend, **(options or {}))
-        run_case(comm, case)
+        (run_padded_case if padded else run_case)(comm, case)
         comm.close()
     return len(cases)
+
+
+def padded_misuse(backend: str, options: dict | None = None) -> int:
+    """The padded calls' bad inputs and order: each raises before any communication, naming what
+    was wrong, and the communicator stays usable (a good round follows). Returns the checks run."""
+    spec = make_spec()
+    comm = Communicator(spec, backend=backend, **(options or {}))
+    dev = comm.device
+    x, ids, w = _inputs(spec, dev)[0][:3]
+    L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens
+    y = torch.zeros(L, slots, spec.hidden, dtype=spec.out_dtype, device=dev)
+    checks = 0
+    _raises(TypeError, "PaddedHandle returned by dispatch, got NoneType", lambda: comm.combine_padded(y, None))
+    checks += 1
+    res = comm.dispatch_padded(x, ids, w)
+    _raises(RoundError, "phase 'dispatched'", lambda: comm.dispatch_padded(x, ids, w))
+    _raises(TypeError, "dispatch_padded: pass it to combine_padded", lambda: comm.combine(y[0], res.handle))
+    _raises(TypeError, "PaddedHandle", lambda: comm.combine_padded(y, object()))
+    _raises(ValueError, rf"expert_y must have shape \[{L}, {slots}, {spec.hidden}\]",
+            lambda: comm.combine_padded(y[:, :-1], res.handle))
+    _raises(TypeError, "expert_y must have dtype", lambda: comm.combine_padded(y.float().half(), res.handle)
+            if spec.out_dtype != torch.float16 else comm.combine_padded(y.float(), res.handle))
+    _raises(ValueError, "weights must have shape",
+            lambda: comm.combine_padded(y, res.handle, weights=res.weights[:, :1]))
+    _raises(ValueError, "out must have shape", lambda: comm.combine_padded(
+        y, res.handle, out=torch.empty(x.shape[0] + 1, spec.hidden, dtype=spec.out_dtype, device=dev)))
+    checks += 7
+    comm.combine_padded(y, res.handle, weights=res.weights)
+    _raises(RoundError, "phase 'idle'", lambda: comm.combine_padded(y, res.handle))
+    contiguous = comm.dispatch(x, ids, w)
+    _raises(TypeError, "dispatch: pass it to combine", lambda: comm.combine_padded(y, contiguous.handle))
+    comm.combine(torch.zeros(contiguous.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev),
+                 contiguous.handle)
+    stale = res.handle
+    res = comm.dispatch_padded(x, ids, w)
+    _raises(ValueError, "round", lambda: comm.combine_padded(y, stale))
+    checks += 3
+    out = comm.combine_padded(y, res.handle)
+    assert not out.any(), "zero expert outputs must combine to zeros"
+    comm.close()
+    return checks
 
 
 def _inputs(spec: CommSpec, device: torch.device, seed: int = 3):

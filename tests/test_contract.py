@@ -30,6 +30,16 @@ def test_contract_matrix(pool: RankPool, tp_size: int) -> None:
     assert counts == [len(tasks.DTYPE_COMBOS) * len(ROUTINGS) * 3] * pool.world, f"seed {SEED}"
 
 
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_padded_matrix(pool: RankPool, tp_size: int) -> None:
+    counts = pool.run(tasks.contract_matrix, "reference", tp_size, SEED, None, True)
+    assert counts == [len(tasks.DTYPE_COMBOS) * len(ROUTINGS) * 3] * pool.world, f"seed {SEED}"
+
+
+def test_padded_misuse(pool: RankPool) -> None:
+    assert pool.run(tasks.padded_misuse, "reference") == [11] * pool.world
+
+
 def test_bad_inputs(pool: RankPool) -> None:
     assert pool.run(tasks.bad_inputs, "reference") == [tasks.BAD_INPUTS_CPU] * pool.world
 
@@ -78,6 +88,7 @@ def cases(draw, world: int) -> Case:
 def test_property_random_shapes(pool: RankPool, data) -> None:
     batch = [data.draw(cases(pool.world)) for _ in range(4)]
     assert pool.run(tasks.run_cases, "reference", batch) == [4] * pool.world
+    assert pool.run(tasks.run_cases, "reference", batch, None, True) == [4] * pool.world
 
 
 def test_oracle_catches_a_wrong_layout(pool: RankPool) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..padded import Padded, PaddedHandle
 from ..result import Handle
 from ..spec import CommSpec
 
@@ -94,6 +95,24 @@ class Backend(abc.ABC):
         """A combine with nothing between send and receive (`Communicator.combine`): a backend
         may do it in fewer steps. Returns `out`, summed."""
         return self.combine_recv(self.combine_send(expert_y, handle, weights, out), out)
+
+    def dispatch_padded(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        x_scale: torch.Tensor | None,
+        num_tokens: int | torch.Tensor,
+    ) -> Padded | None:
+        """A whole dispatch into the padded layout by the backend's own path, or None where it has
+        none for these inputs (the communicator then derives it from the contiguous dispatch)."""
+        return None
+
+    def combine_padded(
+        self, expert_y: torch.Tensor, handle: PaddedHandle, weights: torch.Tensor | None, out: torch.Tensor
+    ) -> torch.Tensor:
+        """The combine of a padded dispatch that `dispatch_padded` returned (not None)."""
+        raise NotImplementedError(f"the {self.name} backend has no padded combine of its own")
 
     def close(self) -> None:
         """Release buffers; collective for backends with symmetric memory."""
