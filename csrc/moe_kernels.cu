@@ -26,6 +26,7 @@
 #include "device_common.cuh"
 #include "dispatch_kernels.cuh"
 #include "combine_kernels.cuh"
+#include "padded_kernels.cuh"
 #include "host_checks.h"
 
 namespace moe {
@@ -1347,6 +1348,7 @@ int64_t num_sms(int64_t device) {
 }  // namespace moe
 
 #include "probes.cuh"
+#include "padded_ops.cuh"
 
 TORCH_LIBRARY(moe_backend, m) {
   m.def("dispatch_send(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
@@ -1360,6 +1362,14 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("combine_whole(Tensor expert_y, Tensor? weights, Tensor dep, Tensor topk_ids, Tensor? num_tokens, int n_host, "
         "Tensor(a!) out, int ctx) -> ()");
   m.def("create_ctx(int[] cfg) -> int", moe::create_ctx);
+  m.def("pad_region_bytes(int ctx, int[] cfg) -> int", moe::pad_region_bytes);
+  m.def("pad_create(int ctx, int base, int[] cfg) -> int", moe::pad_create);
+  m.def("pad_destroy(int pad) -> ()", moe::pad_destroy);
+  m.def("pad_views(int pad, int device) -> Tensor[]", moe::pad_views);
+  m.def("pad_dispatch(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
+        "int n_host, int pad) -> Tensor[]");
+  m.def("pad_combine(Tensor expert_y, Tensor? weights, Tensor counts, Tensor topk_ids, Tensor? num_tokens, "
+        "int n_host, Tensor(a!) out, int pad) -> ()");
   m.def("ce_chunk_starts(int n, int max_chunks, float decay) -> int[]", moe::ce_chunk_starts);
   m.def("destroy_ctx(int ctx) -> ()", moe::destroy_ctx);
   m.def("get_uid() -> Tensor", moe::get_uid);
@@ -1387,6 +1397,8 @@ TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("combine_send", moe::combine_send);
   m.impl("combine_recv", moe::combine_recv);
   m.impl("combine_whole", moe::combine_whole);
+  m.impl("pad_dispatch", moe::pad_dispatch);
+  m.impl("pad_combine", moe::pad_combine);
   m.impl("ping", moe::ping);
   m.impl("step_cost", moe::step_cost);
 }

@@ -31,9 +31,19 @@ from .spec import FP8, CommSpec
 
 # The split phases (each call timed on its own), then the whole ops as a user calls them
 # (`comm.dispatch`, `comm.combine`: a backend may fuse send and receive), then the split
-# phases' sums.
+# phases' sums, then the padded layout's whole ops (`comm.dispatch_padded`, `comm.combine_padded`)
+# where its receive slots fit PADDED_BENCH_BYTES.
 PHASES = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine",
-          "dispatch_split", "combine_split")
+          "dispatch_split", "combine_split", "dispatch_padded", "combine_padded")
+# The padded layout's slots (L * G * M rows) are NVSHMEM symmetric memory: decode sizes only
+# (DeepSeek decode, 128 tokens a rank: ~0.25 GB of fp8 rows; prefill's 4096 would take ~8 GB).
+PADDED_BENCH_BYTES = 768 << 20
+
+
+def padded_slot_bytes(spec: CommSpec) -> int:
+    """Bytes of the padded layout's receive slots a rank (rows, scales, weights, sources)."""
+    slots = spec.num_local_experts * spec.num_groups * spec.max_num_tokens
+    return slots * (spec.hidden * spec.in_dtype.itemsize + spec.num_scales * 4 + 12)
 
 
 class Clock:
@@ -133,7 +143,9 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     spec, device = comm.spec, comm.device
     x, ids, weights, scale = make_routing(spec, n, preset.bench.seed, device)
     flag = torch.ones(1, device=device)
-    samples: dict[str, list[float]] = {p: [] for p in PHASES}
+    padded = padded_slot_bytes(spec) <= PADDED_BENCH_BYTES
+    samples: dict[str, list[float]] = {p: [] for p in PHASES if padded or not p.endswith("_padded")}
+    y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
     for i in range(preset.bench.warmup + preset.bench.iters):
@@ -170,9 +182,21 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         w2, g2 = clock.mark(), time.perf_counter()
         comm.combine(y, whole.handle, whole.weights if preset.bench.weighted else None)
         g3, w3 = time.perf_counter(), clock.mark()
+        spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
+        if padded:
+            barrier(device, flag)
+            p0 = clock.mark()
+            res = comm.dispatch_padded(x, ids, weights if preset.bench.weighted else None, scale)
+            p1 = clock.mark()
+            if y_padded is None:
+                y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
+            barrier(device, flag)
+            p2 = clock.mark()
+            comm.combine_padded(y_padded, res.handle, res.weights if preset.bench.weighted else None)
+            p3 = clock.mark()
+            spans += [(p0, p1), (p2, p3)]
         if i >= preset.bench.warmup:
             clock.sync()
-            spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
             for phase, (a, b) in zip(PHASES, spans):
                 samples[phase].append(clock.elapsed_us(a, b))
             for phase, (a, b) in zip(PHASES, [(h0, h1), (h1r, h2), (h3, h4), (h4r, h5), (g0, g1), (g2, g3)]):

@@ -107,6 +107,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C  # noqa: F401  (ImportError here = backend unavailable)
+from ..padded import Padded, PaddedHandle
 from ..result import Handle
 from ..spec import FP8, CommSpec
 from . import DEFAULT_WAIT_S
@@ -121,6 +122,8 @@ _dispatch_whole = _ops.dispatch_whole.default
 _combine_send = _ops.combine_send.default
 _combine_recv = _ops.combine_recv.default
 _combine_whole = _ops.combine_whole.default
+_pad_dispatch = _ops.pad_dispatch.default
+_pad_combine = _ops.pad_combine.default
 
 
 class NvshmemBackend(Backend):
@@ -253,6 +256,33 @@ class NvshmemBackend(Backend):
         _combine_whole(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
         return self._combine_done(out)
 
+    def dispatch_padded(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Padded | None:
+        # The padded kernels (csrc/padded_kernels.cuh): one launch, rows stored straight into their
+        # slots at the expert's rank; None where they do not serve (the communicator derives it).
+        self._claim_arena()
+        region = self.arena.padded()  # collective the first time
+        if region is None:
+            return None
+        nt, nh = self._split_n(num_tokens)
+        counts, tpe = _pad_dispatch(x, topk_ids, topk_weights, x_scale, nt, nh, region.id)
+        self._after_recv()
+        return Padded(
+            tokens=region.tokens,
+            scales=region.scales if self._fp8 else None,
+            weights=region.weights if topk_weights is not None else None,
+            counts=counts,
+            tokens_per_expert=tpe,
+            src_token=region.src_token,
+            src_k=region.src_k,
+            backend_state=region,
+        )
+
+    def combine_padded(self, expert_y, handle: PaddedHandle, weights, out: torch.Tensor) -> torch.Tensor:
+        self.arena.check()
+        nt, nh = self._split_n(handle.num_tokens)
+        _pad_combine(expert_y, weights, handle.counts, handle.topk_ids, nt, nh, out, handle.backend_state.id)
+        return self._combine_done(out)
+
     def close(self) -> None:
         arena, self.arena = self.arena, None
         self._ctx = 0
@@ -298,9 +328,26 @@ def _register_fakes() -> None:
     def _(dep, topk_ids, num_tokens, n_host, out, ctx):
         return None
 
+    @register_fake("moe_backend::pad_dispatch")
+    def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, pad):
+        L, G = _pad_shape(pad)
+        return [x.new_empty(L, G, dtype=torch.int32), x.new_empty(L, dtype=torch.int64)]
+
+    @register_fake("moe_backend::pad_combine")
+    def _(expert_y, weights, counts, topk_ids, num_tokens, n_host, out, pad):
+        return None
+
     @register_fake("moe_backend::combine_whole")
     def _(expert_y, weights, dep, topk_ids, num_tokens, n_host, out, ctx):
         return None
+
+
+def _pad_shape(pad: int) -> tuple[int, int]:
+    for arena in rt._ARENAS.values():
+        region = arena.padded() if arena._pad else None
+        if region is not None and region.id == pad:
+            return region.tokens.shape[0], arena.spec.num_groups
+    raise ValueError(f"no padded region {pad}")
 
 
 try:

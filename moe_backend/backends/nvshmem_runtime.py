@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..spec import FP8, CommSpec
-from .nvshmem_env import check_env
+from .nvshmem_env import PREFIX, check_env
 
 TRANSPORTS = ("auto", "put", "nvlink")
 MAX_WORLD = 64
@@ -413,6 +413,7 @@ class Arena:
         self.ctx = int(o.create_ctx(cfg))
         _CTX[self.ctx] = self
         self.refs = 0
+        self._pad: PadRegion | bool | None = None  # None: not asked for yet; False: unsupported
         self.owner: Any = None
         self.broken: str | None = None
         torch.cuda.synchronize(device)
@@ -439,12 +440,72 @@ class Arena:
             )
         self.owner = owner
 
+    def padded(self) -> PadRegion | None:
+        """The padded layout's region and kernels (allocated collectively by every rank's first
+        `dispatch_padded`), or None where they do not serve this arena (`padded_unsupported`)."""
+        if self._pad is None:
+            if padded_unsupported(self.spec, self.transport) is not None:
+                self._pad = False
+            else:
+                self._pad = PadRegion(self)
+        return self._pad or None
+
     def free(self) -> None:
         o = ops()
+        if self._pad:
+            self._pad.free()
+            self._pad = None
         _CTX.pop(self.ctx, None)
         o.sym_free(self.sym)  # collective
         o.destroy_ctx(self.ctx)
         self.ctx = 0
+
+
+# The padded kernels' token masks (E * ceil(M / 32) words) live in one block's shared memory.
+PAD_MASK_BYTES = 200 * 1024
+
+
+def padded_unsupported(spec: CommSpec, transport: str) -> str | None:
+    """Why the padded kernels do not serve this arena (the communicator then derives the padded
+    layout from the contiguous dispatch), or None where they do."""
+    if os.environ.get(PREFIX + "PADDED", "") == "0":
+        return f"{PREFIX}PADDED=0"
+    if transport != "nvlink":
+        return "the padded kernels store into peers' memory: nvlink transport only"
+    if spec.topk > 32:
+        return "topk > 32"
+    if (spec.hidden * spec.in_dtype.itemsize) % 16 or (spec.hidden * spec.out_dtype.itemsize) % 16:
+        return "rows that are not multiples of 16 bytes"
+    if spec.num_experts * -(-spec.max_num_tokens // 32) * 4 > PAD_MASK_BYTES:
+        return "token masks past shared memory (num_experts * max_num_tokens too large)"
+    return None
+
+
+class PadRegion:
+    """The padded layout's symmetric region (receive slots, count words, the combine's rows and
+    flags), its kernels' context, and the receive slots as tensors (views of the region)."""
+
+    def __init__(self, arena: Arena):
+        o = ops()
+        spec = arena.spec
+        L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens
+        self.state = torch.zeros(2 + spec.num_experts, dtype=torch.int64, device=arena.device)
+        cfg = [spec.hidden * spec.in_dtype.itemsize, spec.num_scales * 4, spec.hidden * spec.out_dtype.itemsize,
+               int(spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32), self.state.data_ptr()]
+        nbytes = int(o.pad_region_bytes(arena.ctx, cfg))
+        self.sym = sym_malloc(nbytes, f"the padded layout of {spec.describe()}")  # collective
+        self.id = int(o.pad_create(arena.ctx, self.sym, cfg))
+        tok, scale, weights, meta = o.pad_views(self.id, arena.device.index)
+        self.tokens = tok.view(spec.in_dtype).view(L, slots, spec.hidden)
+        self.scales = scale.view(L, slots, spec.num_scales)
+        self.weights = weights.view(L, slots)
+        self.src_token = meta[:, 0].view(L, slots)
+        self.src_k = meta[:, 1].view(L, slots)
+
+    def free(self) -> None:
+        o = ops()
+        o.pad_destroy(self.id)
+        o.sym_free(self.sym)  # collective
 
 
 _CTX: dict[int, Arena] = {}

@@ -25,6 +25,7 @@ from moe_backend.testing import (
     oracle_combine,
     oracle_dispatch,
     run_case,
+    run_padded_case,
 )
 
 DTYPES_IN = (torch.bfloat16, torch.float16, torch.float32, FP8)
@@ -59,7 +60,7 @@ def random_cases(seed: int, count: int, world: int = 2, sources: int | None = No
     backend's MAX_SOURCES_PER_SM per SM of `num_sms`); the prefill-sized cases take fewer tokens to fit."""
     rng = random.Random(seed)
     cases = []
-    tps = [1, 1, 2] + ([4] if world % 4 == 0 else [])  # attention-TP replicas sharing a group
+    tps = [t for t in (1, 1, 2, 4) if world % t == 0]  # attention-TP replicas sharing a group
     for i in range(count):
         tp = rng.choice(tps)
         L = rng.choice([1, 2, 3, 4, 8, 16])
@@ -432,3 +433,88 @@ def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -
         torch.cuda.synchronize()
     finally:
         comm.close()
+
+
+def padded_worker(seed: int, count: int, transports: tuple[str, ...] = ("nvlink", "put"), replays: int = 3) -> None:
+    """The padded layout on the nvshmem backend against the oracle: the padded kernels wherever
+    they serve (nvlink, rows of 16-byte multiples), the contiguous path's derivation elsewhere;
+    each case twice on one communicator with a contiguous round between (they share the arena),
+    then CUDA-graph replays of a padded step on fresh inputs (the round advanced on the device)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cases = random_cases(seed, count, world)
+    native = 0
+    for transport in transports:
+        for case in cases:
+            comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
+            try:
+                for _ in range(2):
+                    run_padded_case(comm, case)
+                    run_case(comm, case)
+                served = bool(comm.backend.arena._pad)
+                if served != (rt.padded_unsupported(case.spec, comm.backend.transport) is None):
+                    raise AssertionError(f"padded kernels served: {served}, expected the opposite")
+                native += served
+            except Exception as err:
+                raise AssertionError(f"[{transport}] padded {case.describe()}: {err}") from err
+            finally:
+                comm.close()
+    if "nvlink" in transports and native == 0:
+        raise AssertionError("no case took the padded kernels")
+    for transport in transports:
+        _padded_graph(seed, transport, replays)
+    if rank == 0:
+        print(f"padded: {2 * len(transports) * len(cases)} cases ok on {world} ranks ({native} by the padded "
+              f"kernels), graphs on {transports}, seed={seed}", flush=True)
+
+
+def _padded_graph(seed: int, transport: str, replays: int, tokens: int = 24) -> None:
+    """One padded step (dispatch, stand-in experts, combine) captured once and replayed on fresh
+    inputs copied into its static tensors; every replay checked against the oracle."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    spec = CommSpec(8 * world, 4, 256, tokens, world, in_dtype=FP8, scale_block_size=128)
+    comm = Communicator(spec, backend="nvshmem", transport=transport, sync_check=True)
+    dev = comm.device
+    L = spec.num_local_experts
+    x = torch.zeros(tokens, spec.hidden, dtype=spec.in_dtype, device=dev)
+    ids = torch.zeros(tokens, spec.topk, dtype=torch.int32, device=dev)
+    w = torch.zeros(tokens, spec.topk, device=dev)
+    scale = torch.zeros(tokens, spec.num_scales, device=dev)
+    n = torch.zeros(1, dtype=torch.int32, device=dev)
+    experts = (torch.arange(L, device=dev)[:, None] + rank * L).expand(L, world * tokens).reshape(-1)
+
+    def step() -> torch.Tensor:
+        res = comm.dispatch_padded(x, ids, w, scale, n)
+        y = expert_fn(res.tokens.reshape(-1, spec.hidden), experts, spec.out_dtype).view(L, -1, spec.hidden)
+        return comm.combine_padded(y, res.handle, weights=res.weights)
+
+    def load(i: int) -> list:
+        groups = make_inputs(Case(spec, ROUTINGS[i % 3], seed * 100 + i, True, "tensor"))
+        mine = groups[rank]
+        rows = mine.x.shape[0]
+        x.zero_()[:rows] = mine.x.to(dev)
+        ids.fill_(-1)[:rows] = mine.topk_ids.to(dev)
+        w[:rows] = mine.topk_weights.to(dev)
+        scale[:rows] = mine.x_scale.to(dev)
+        n.fill_(mine.num_tokens)
+        return groups
+
+    def check(out: torch.Tensor, groups: list, what: str) -> None:
+        rows = groups[rank].x.shape[0]
+        want = oracle_combine(spec, groups, rank, True)
+        if not (bitwise_equal(out[:rows].cpu(), want) and not out[rows:].any()):
+            raise AssertionError(f"[{transport}] padded graph {what}: combine output differs from the oracle")
+
+    groups = load(0)
+    check(step(), groups, "eager")  # also allocates the padded region (collective; not in a capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for i in range(1, replays + 1):
+        groups = load(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, groups, f"replay {i}")
+    graph.reset()
+    torch.cuda.synchronize()
+    comm.close()

@@ -66,6 +66,12 @@ def test_contract_suite_both_transports():
     _spawn(_workers.contract_worker, 0, COUNT, ("put", "nvlink"), timeout=60)
 
 
+def test_padded_layout():
+    """dispatch_padded / combine_padded on both transports (nvlink: the padded kernels), against
+    the oracle, with contiguous rounds between and CUDA-graph replays."""
+    _spawn(_workers.padded_worker, 40, max(6, COUNT // 2), timeout=90)
+
+
 def test_contract_suite_without_overlap():
     """The receives on the caller's stream after their sends (MOE_BACKEND_NVSHMEM_OVERLAP=0,
     MOE_BACKEND_NVSHMEM_COMBINE_OVERLAP=0, MOE_BACKEND_NVSHMEM_COMBINE_FUSED=0): the same

@@ -160,6 +160,13 @@ def test_contract_on_one_gpu(variant: str) -> None:
     launch.spawn(_one_rank_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
 
 
+def test_padded_layout_on_one_gpu() -> None:
+    """dispatch_padded / combine_padded at world size 1, both transports (nvlink: the padded
+    kernels), against the oracle, with contiguous rounds between and CUDA-graph replays."""
+    print(f"seed={SEED}")
+    launch.spawn(_workers.padded_worker, 1, SEED, 12, dist_backend="nccl", timeout=300)
+
+
 def test_contract_with_few_sms_on_one_gpu() -> None:
     """Kernels sized for 4 SMs (backend option num_sms), the fused combine forced: its rows come
     by bulk copies by default there, in cases up to DeepSeek prefill's 4096 tokens."""

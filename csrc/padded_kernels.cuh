@@ -1,0 +1,278 @@
+// padded_kernels.cuh: the padded layout's dispatch and combine (moe_backend/padded.py), nvlink only.
+//
+// The receive buffer holds a slot for every (local expert l, source group g, row i < M): slot
+// (l * G + g) * M + i. A sender knows each of its rows' slots from its own routing (the row's rank
+// among its group's rows for that expert: the bits below it in the expert's token mask), so it
+// stores every row straight into place at the expert's rank and then one round-tagged count word a
+// (local expert, sending rank): no table, no exchange of counts before the rows, no copy after
+// them. The receive polls its L * W count words. The combine sends each slot's expert output back
+// to its source row's (t, k) place, with a round-tagged flag; the source sums them in the
+// contract's order (docs/CONTRACT.md): per rank in k order in float32, rounded to the transfer
+// dtype, then over ranks.
+#pragma once
+
+#include "device_common.cuh"
+
+namespace moe {
+
+// The padded region's layout and this op's device state (set once by pad_create).
+struct PadArgs {
+  char* base;          // this rank's region
+  char* peer[MAXW];    // every rank's region through nvshmem_ptr (this rank's included)
+  long long off_tok, off_scale, off_w, off_meta, off_cnt, off_crow, off_cw, off_cflag;
+  int row_bytes;       // hidden * in_dtype bytes: a slot's token row (a multiple of 16)
+  int scale_bytes;     // num_scales * 4 (fp8), else 0
+  int out_bytes;       // hidden * out_dtype bytes: a combine row (a multiple of 16)
+  int mask_words;      // 32-bit words of a token mask: ceil(M / 32)
+  int f32_transfer;    // the partials are rounded to float32, not out_dtype
+  int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
+  unsigned long long* state;  // [0] latest dispatch round, [1] finished dispatch blocks, [2 + e] expert
+                              // e's rows sent this round
+};
+
+struct PadIn {
+  const char* x;
+  const char* scale;
+  const int* ids;    // [rows, topk]
+  const float* w;    // [rows, topk] or null
+  const int* ntok;   // device token count or null (then n_host)
+  int n_host, rows;
+};
+
+template <typename In>  // PadIn or PadCombIn
+__device__ __forceinline__ int pad_num_tokens(const In& in) {
+  return in.ntok ? min(max(*in.ntok, 0), in.rows) : in.n_host;
+}
+
+// Rows of a token mask this replica sends: tokens t with t % tp == replica.
+__device__ __forceinline__ unsigned pad_mine(const unsigned* m, int words, int tp, int replica) {
+  unsigned c = 0;
+  for (int w = 0; w < words; ++w) {
+    unsigned bits = m[w];
+    if (tp > 1) {
+      unsigned keep = 0;
+      for (int b = 0; b < 32; ++b) keep |= ((w * 32 + b) % tp == replica) ? (1u << b) : 0u;
+      bits &= keep;
+    }
+    c += __popc(bits);
+  }
+  return c;
+}
+
+__device__ __forceinline__ unsigned pad_total(const unsigned* m, int words) {
+  unsigned c = 0;
+  for (int w = 0; w < words; ++w) c += __popc(m[w]);
+  return c;
+}
+
+// Expert e's count word at its rank, from this rank: its group's rows for e (every replica sends
+// the same total; the receive waits for each replica's word, which follows that replica's rows).
+// RELEASE: after rows (their stores first); without, a relaxed store (no fence: a count with no
+// rows of this replica before it orders nothing, and 250 fences of one block cost ~3 us).
+template <bool RELEASE>
+__device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a, int e, unsigned total,
+                                               unsigned long long round) {
+  const int dst = e / p.L, l = e - dst * p.L;
+  auto* word = reinterpret_cast<unsigned long long*>(a.peer[dst] + a.off_cnt + ((long long)l * p.W + p.rank) * 8);
+  if constexpr (RELEASE) st_release_sys(word, tag_word(total, round));
+  else st_relaxed_sys(word, tag_word(total, round));
+}
+
+// Send then receive in the same blocks (the grid fits the GPU at once: every block is resident,
+// so the receive's waits cannot hold back a block that still has rows to send).
+__global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_constant__ Params p,
+                                                                const __grid_constant__ PadArgs a,
+                                                                const __grid_constant__ PadIn in, int* counts_out,
+                                                                long long* tpe_out) {
+  extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int n = pad_num_tokens(in);
+  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + 1;
+  const int W = a.mask_words;
+  for (int i = tid; i < p.E * W; i += blockDim.x) pad_mask[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n * p.topk; i += blockDim.x) {
+    const int e = in.ids[i], t = i / p.topk;
+    if (e >= 0 && e < p.E) atomicOr(&pad_mask[e * W + (t >> 5)], 1u << (t & 31));
+  }
+  __syncthreads();
+  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
+  // Experts none of whose rows this replica sends: their counts go at once.
+  for (int e = gthread; e < p.E; e += nthreads) {
+    const unsigned* m = pad_mask + e * W;
+    if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
+  }
+  // Rows: item (t, k) a warp.
+  const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
+  for (int i = gwarp; i < n * p.topk; i += nwarps) {
+    const int t = i / p.topk, k = i - t * p.topk;
+    const int e = in.ids[i];
+    if (t % p.tp != p.replica || e < 0 || e >= p.E) continue;
+    const unsigned* m = pad_mask + e * W;
+    int slot = __popc(m[t >> 5] & ((1u << (t & 31)) - 1u));
+    for (int w = 0; w < (t >> 5); ++w) slot += __popc(m[w]);
+    const int dst = e / p.L, l = e - dst * p.L;
+    const long long s = ((long long)l * p.G + p.group) * p.M + slot;
+    char* base = a.peer[dst];
+    warp_copy(base + a.off_tok + s * a.row_bytes, in.x + (long long)t * a.row_bytes, a.row_bytes, lane);
+    if (in.scale) warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes,
+                            a.scale_bytes, lane);
+    if (lane == 0) {
+      if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = in.w[i];
+      reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
+    }
+    __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
+    if (lane == 0) {
+      // The expert's last row raises its count: the counter's acq_rel (system scope) puts every
+      // warp's rows of that expert before the count's release. An expert of one row here (every
+      // expert of a 1-token call) needs no counter.
+      const unsigned mine = pad_mine(m, W, p.tp, p.replica);
+      unsigned long long done = 0;
+      if (mine > 1)
+        asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
+      if (done + 1 == mine) {
+        if (mine > 1) a.state[2 + e] = 0;  // no other warp touches it again this round
+        pad_send_count<true>(p, a, e, pad_total(m, W), round);
+      }
+    }
+  }
+  // Receive: a thread a local expert waits for its W count words.
+  for (int l = gthread; l < p.L; l += nthreads) {
+    long long total = 0;
+    for (int r = 0; r < p.W; ++r) {
+      const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);
+      unsigned long long v = 0;
+      if (!bounded_poll(p, [&] { return tagged_now(v = ld_acquire_sys(word), round); }, PH_DISPATCH_RECV, r, round))
+        v = 0;
+      if (r % p.tp == 0) {
+        counts_out[l * p.G + r / p.tp] = (int)(unsigned)v;
+        total += (unsigned)v;
+      }
+    }
+    tpe_out[l] = total;
+  }
+  // The round advances when the last block is done (every block read it at its start).
+  __syncthreads();
+  if (tid == 0) {
+    if (atomicAdd(&a.state[1], 1ULL) == (unsigned long long)gridDim.x - 1) {
+      a.state[1] = 0;
+      a.state[0] = round;
+    }
+  }
+}
+
+template <typename OT>
+__device__ __forceinline__ float pad_to_float(OT v) {
+  if constexpr (std::is_same_v<OT, float>) return v;
+  else if constexpr (std::is_same_v<OT, __nv_bfloat16>) return __bfloat162float(v);
+  else return __half2float(v);
+}
+template <typename OT>
+__device__ __forceinline__ OT pad_from_float(float v) {
+  if constexpr (std::is_same_v<OT, float>) return v;
+  else if constexpr (std::is_same_v<OT, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else return __float2half_rn(v);
+}
+
+struct PadCombIn {
+  const char* y;       // [L, G * M, hidden] out_dtype
+  const float* w;      // [L, G * M] or null
+  const int* counts;   // [L, G] (the dispatch's)
+  const int* ids;      // this rank's dispatched topk_ids [rows, topk]
+  const int* ntok;
+  int n_host, rows;
+};
+
+// Send each slot's row back to its source row's (t, k) place at every rank of its group, then
+// (same blocks) sum this rank's rows as the contract orders. topk <= 32 (a lane a k).
+template <typename OT>
+__global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_constant__ Params p,
+                                                               const __grid_constant__ PadArgs a,
+                                                               const __grid_constant__ PadCombIn in, OT* out) {
+  __shared__ int order[NWARPS][32], order_rank[NWARPS][32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
+  const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
+  // Slot (pair, i) is item i * L * G + pair: the filled slots (small i) spread over every warp,
+  // a row each where the call has as many warps as rows (a release per row: not several in a row).
+  const int pairs = p.L * p.G;
+  for (long long item = gwarp; item < (long long)pairs * p.M; item += nwarps) {
+    const int i = (int)(item / pairs), pair = (int)(item - (long long)i * pairs);
+    if (i >= in.counts[pair]) continue;
+    {
+      const int g = pair % p.G;
+      const long long s = (long long)pair * p.M + i;
+      const int2 tk = meta[s];
+      const long long at = (long long)tk.x * p.topk + tk.y;
+      for (int j = 0; j < p.tp; ++j) {
+        char* base = a.peer[g * p.tp + j];
+        warp_copy(base + a.off_crow + at * a.out_bytes, in.y + s * a.out_bytes, a.out_bytes, lane);
+        if (lane == 0 && in.w) reinterpret_cast<float*>(base + a.off_cw)[at] = in.w[s];
+        __syncwarp();
+        if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(base + a.off_cflag) + at, round);
+      }
+    }
+  }
+  // Receive: item (t, slice) a warp; rows t >= n are zero.
+  const int n = pad_num_tokens(in);
+  constexpr int VEC = 16 / sizeof(OT);
+  const int chunks = a.out_bytes / 16, per = (chunks + a.slices - 1) / a.slices;
+  const int H = a.out_bytes / (int)sizeof(OT);
+  const bool weighted = in.w != nullptr;  // every rank passes weights or none
+  for (int item = gwarp; item < in.rows * a.slices; item += nwarps) {
+    const int t = item / a.slices, c0 = (item - t * a.slices) * per, c1 = min(chunks, c0 + per);
+    int e = -1;
+    if (t < n && lane < p.topk) {
+      e = in.ids[t * p.topk + lane];
+      if (e >= p.E) e = -1;
+    }
+    const int r = e >= 0 ? e / p.L : 0;
+    // The contract's order: by rank, then k; this lane's place among the valid ks.
+    int pos = 0;
+    for (int q = 0; q < p.topk; ++q) {
+      const int eq = __shfl_sync(0xffffffffu, e, q);
+      if (eq >= 0 && (eq / p.L < r || (eq / p.L == r && q < lane))) ++pos;
+    }
+    const int nk = __popc(__ballot_sync(0xffffffffu, e >= 0));
+    if (e >= 0) {
+      const auto* flag = reinterpret_cast<const unsigned long long*>(a.base + a.off_cflag) + (long long)t * p.topk + lane;
+      bounded_poll(p, [&] { return ld_acquire_sys(flag) == round; }, PH_COMBINE_RECV, r, round);
+      order[warp][pos] = lane;
+      order_rank[warp][pos] = r;
+    }
+    __syncwarp();  // the acquires and the order before every lane's reads
+    const char* rows = a.base + a.off_crow + (long long)t * p.topk * a.out_bytes;
+    const float* wk = reinterpret_cast<const float*>(a.base + a.off_cw) + (long long)t * p.topk;
+    for (int c = c0 + lane; c < c1; c += 32) {
+      float tot[VEC], acc[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) tot[v] = acc[v] = 0.0f;
+      for (int j = 0; j < nk; ++j) {
+        const int k = order[warp][j];
+        const int4 raw = __ldcg(reinterpret_cast<const int4*>(rows + (long long)k * a.out_bytes) + c);
+        const OT* y = reinterpret_cast<const OT*>(&raw);
+        const float wv = weighted ? __ldcg(wk + k) : 1.0f;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float yv = pad_to_float(y[v]);
+          acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv) : yv);  // no fused multiply-add
+        }
+        if (j + 1 == nk || order_rank[warp][j + 1] != order_rank[warp][j]) {  // this rank's partial is done
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            tot[v] = __fadd_rn(tot[v], a.f32_transfer ? acc[v] : pad_to_float(pad_from_float<OT>(acc[v])));
+            acc[v] = 0.0f;
+          }
+        }
+      }
+      OT res[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) res[v] = pad_from_float<OT>(tot[v]);
+      reinterpret_cast<int4*>(out + (long long)t * H)[c] = *reinterpret_cast<const int4*>(res);
+    }
+    __syncwarp();  // `order` is rewritten by the next item
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,156 @@
+// padded_ops.cuh: the host side of the padded layout (padded_kernels.cuh); included by moe_kernels.cu
+// after its arena context (Ctx, CX, settle_pending), so the padded kernels share the arena's Params,
+// its timeout and error word, and settle the arena's pending side-stream work first.
+#pragma once
+
+namespace moe {
+
+struct PadCtx {
+  int64_t ctx;  // the arena's
+  PadArgs a;
+  long long bytes;     // the region's size
+  size_t mask_smem;    // the dispatch's token masks
+};
+
+static PadCtx& PX(int64_t pad) {
+  MOE_CHECK(pad != 0, "padded layout: the communicator was closed");
+  return *reinterpret_cast<PadCtx*>(pad);
+}
+
+static long long up16(long long v) { return (v + 15) / 16 * 16; }
+
+// The region: tokens, scales, weights, (t, k) of each of the L * G * M slots; the count words
+// [L, W]; the combine's rows, weights and flags for each of this rank's (t, k) [M, topk].
+// cfg: row_bytes, scale_bytes, out_bytes, f32_transfer, state pointer.
+static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
+  MOE_CHECK(cfg.size() == 5, "pad: config of 5 values expected");
+  PadCtx px{};
+  PadArgs& a = px.a;
+  a.row_bytes = (int)cfg[0];
+  a.scale_bytes = (int)cfg[1];
+  a.out_bytes = (int)cfg[2];
+  a.f32_transfer = (int)cfg[3];
+  a.state = reinterpret_cast<unsigned long long*>(cfg[4]);
+  a.mask_words = (p.M + 31) / 32;
+  a.slices = 1;
+  MOE_CHECK(a.row_bytes % 16 == 0 && a.out_bytes % 16 == 0 && a.scale_bytes % 4 == 0,
+            "pad: rows must be multiples of 16 bytes");
+  MOE_CHECK(p.topk <= 32, "pad: topk <= 32");
+  const long long slots = (long long)p.L * p.G * p.M, places = (long long)p.M * p.topk;
+  long long off = 0;
+  auto take = [&off](long long bytes) {
+    const long long at = off;
+    off += up16(bytes);
+    return at;
+  };
+  a.off_tok = take(slots * a.row_bytes);
+  a.off_scale = take(slots * a.scale_bytes);
+  a.off_w = take(slots * 4);
+  a.off_meta = take(slots * 8);
+  a.off_cnt = take((long long)p.L * p.W * 8);
+  a.off_crow = take(places * a.out_bytes);
+  a.off_cw = take(places * 4);
+  a.off_cflag = take(places * 8);
+  px.bytes = off;
+  px.mask_smem = (size_t)p.E * a.mask_words * 4;
+  return px;
+}
+
+int64_t pad_region_bytes(int64_t ctx, std::vector<int64_t> cfg) { return pad_layout(CX(ctx).p, cfg).bytes; }
+
+int64_t pad_create(int64_t ctx, int64_t base, std::vector<int64_t> cfg) {
+  const Params& p = CX(ctx).p;
+  auto px = std::make_unique<PadCtx>(pad_layout(p, cfg));
+  px->ctx = ctx;
+  px->a.base = reinterpret_cast<char*>(base);
+  for (int r = 0; r < p.W; ++r) {
+    px->a.peer[r] = static_cast<char*>(nvshmem_ptr(px->a.base, p.pe[r]));
+    MOE_CHECK(px->a.peer[r] != nullptr, "pad: rank ", r, " is not reachable by nvshmem_ptr (the padded kernels need nvlink)");
+  }
+  MOE_CHECK(px->mask_smem <= 200 * 1024, "pad: the token masks (", px->mask_smem, " bytes) exceed shared memory");
+  CUDA_OK(cudaFuncSetAttribute(pad_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)px->mask_smem));
+  return reinterpret_cast<int64_t>(px.release());
+}
+
+void pad_destroy(int64_t pad) { delete &PX(pad); }
+
+// The receive buffers as tensors (views of the region: valid while it is allocated).
+std::vector<at::Tensor> pad_views(int64_t pad, int64_t device) {
+  const PadCtx& px = PX(pad);
+  const Params& p = CX(px.ctx).p;
+  const PadArgs& a = px.a;
+  const long long slots = (long long)p.L * p.G * p.M;
+  auto at = [&](long long off, at::ScalarType t, at::IntArrayRef sizes) {
+    return at::from_blob(a.base + off, sizes, at::TensorOptions().dtype(t).device(at::kCUDA, (int)device));
+  };
+  return {at(a.off_tok, at::kByte, {slots, a.row_bytes}), at(a.off_scale, at::kFloat, {slots, a.scale_bytes / 4}),
+          at(a.off_w, at::kFloat, {slots}), at(a.off_meta, at::kInt, {slots, 2})};
+}
+
+// Warps for `items` one-warp items: whole blocks, at most the arena's SMs (every block resident:
+// the kernels' waits need every block of both phases running).
+static int pad_blocks(const Params& p, long long items) {
+  const long long b = (items + NWARPS - 1) / NWARPS;
+  return (int)std::max(1LL, std::min<long long>(b, p.num_sms));
+}
+
+std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
+                                     const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok,
+                                     int64_t n_host, int64_t pad) {
+  PadCtx& px = PX(pad);
+  Ctx& cx = CX(px.ctx);
+  const Params& p = cx.p;
+  c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  settle_pending(cx, stream);
+  auto counts = at::empty({p.L, p.G}, ids.options().dtype(at::kInt));
+  auto tpe = at::empty({p.L}, ids.options().dtype(at::kLong));
+  const PadIn in{reinterpret_cast<const char*>(x.data_ptr()),
+                 scale ? reinterpret_cast<const char*>(scale->data_ptr()) : nullptr,
+                 ids.data_ptr<int>(), w ? w->data_ptr<float>() : nullptr,
+                 ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0)};
+  const long long rows = ntok ? x.size(0) : n_host;
+  const int blocks = pad_blocks(p, std::max<long long>(rows * p.topk, 1));
+  pad_dispatch_kernel<<<blocks, NTHREADS, px.mask_smem, stream>>>(p, px.a, in, counts.data_ptr<int>(),
+                                                                 reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()));
+  CUDA_OK(cudaGetLastError());
+  return {counts, tpe};
+}
+
+void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& counts,
+                 const at::Tensor& ids, const std::optional<at::Tensor>& ntok, int64_t n_host, at::Tensor& out,
+                 int64_t pad) {
+  PadCtx& px = PX(pad);
+  Ctx& cx = CX(px.ctx);
+  const Params& p = cx.p;
+  c10::cuda::CUDAGuard guard(y.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  settle_pending(cx, stream);
+  PadArgs a = px.a;
+  // Each output row cut into slices (a warp each) until the call fills the arena's SMs, a slice
+  // at least a 16-byte chunk a lane.
+  const long long rows = std::max<long long>(out.size(0), 1);
+  const long long chunks = a.out_bytes / 16;
+  a.slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / rows, chunks / 32));
+  const PadCombIn in{reinterpret_cast<const char*>(y.data_ptr()), w ? w->data_ptr<float>() : nullptr,
+                     counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,
+                     (int)n_host, (int)out.size(0)};
+  const int blocks = pad_blocks(p, std::max<long long>((long long)p.L * p.G, out.size(0) * (long long)a.slices));
+  switch (out.scalar_type()) {
+    case at::kBFloat16:
+      pad_combine_kernel<__nv_bfloat16><<<blocks, NTHREADS, 0, stream>>>(p, a, in,
+                                                                          reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
+      break;
+    case at::kHalf:
+      pad_combine_kernel<__half><<<blocks, NTHREADS, 0, stream>>>(p, a, in, reinterpret_cast<__half*>(out.data_ptr()));
+      break;
+    case at::kFloat:
+      pad_combine_kernel<float><<<blocks, NTHREADS, 0, stream>>>(p, a, in, out.data_ptr<float>());
+      break;
+    default:
+      MOE_CHECK(false, "pad_combine: out dtype must be bfloat16, float16 or float32");
+  }
+  CUDA_OK(cudaGetLastError());
+}
+
+}  // namespace moe
