@@ -97,6 +97,10 @@ its split send and receive are sized for the 4 SMs a one-wave matmul leaves free
 two launches that claim its items from one counter: 4 blocks with the send, the rest launched by
 `dispatch_recv` behind the caller's work; slower as built (run 45: 32.6 -> 42.1 us, the
 world-size-1 overlap row at 64 tokens), kept for its A/B.
+Padded layout (`Communicator.dispatch_padded` / `combine_padded`): on nvlink arenas whose rows
+are multiples of 16 bytes (topk <= 32), two kernels of their own (csrc/padded_kernels.cuh) over a
+region the arena allocates at the first `dispatch_padded` (collective); elsewhere, or with
+`MOE_BACKEND_NVSHMEM_PADDED=0`, the communicator derives the layout from the contiguous ops.
 """
 
 from __future__ import annotations
