@@ -189,17 +189,53 @@ template <typename OT>
 __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_constant__ Params p,
                                                                const __grid_constant__ PadArgs a,
                                                                const __grid_constant__ PadCombIn in, OT* out) {
-  __shared__ int order[NWARPS][32], order_rank[NWARPS][32];
+  __shared__ int order[NWARPS][32], order_rank[NWARPS][32], warp_sums[NWARPS];
+  extern __shared__ int pair_first[];  // [L * G + 1]: each pair's first filled-slot item
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
   const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
   const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
-  // Slot (pair, i) is item i * L * G + pair: the filled slots (small i) spread over every warp,
-  // a row each where the call has as many warps as rows (a release per row: not several in a row).
+  // The filled slots as items 0..total-1 (pair-major), a warp each: consecutive rows of a pair go to
+  // consecutive warps (a release per row: none behind another in one warp where warps suffice).
+  // Every block scans the counts into pair_first (its first item) in shared memory, then a warp
+  // finds its item's pair by binary search.
   const int pairs = p.L * p.G;
-  for (long long item = gwarp; item < (long long)pairs * p.M; item += nwarps) {
-    const int i = (int)(item / pairs), pair = (int)(item - (long long)i * pairs);
-    if (i >= in.counts[pair]) continue;
+  int carry = 0;
+  for (int base = 0; base < pairs; base += NTHREADS) {
+    const int v = base + tid < pairs ? in.counts[base + tid] : 0;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < NWARPS ? warp_sums[lane] : 0;
+#pragma unroll
+      for (int o = 1; o < NWARPS; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += y;
+      }
+      if (lane < NWARPS) warp_sums[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    if (base + tid < pairs) pair_first[base + tid] = carry + x - v + (warp > 0 ? warp_sums[warp - 1] : 0);
+    carry += warp_sums[NWARPS - 1];
+    __syncthreads();  // warp_sums is rewritten by the next chunk
+  }
+  const int total = carry;
+  if (tid == 0) pair_first[pairs] = total;
+  __syncthreads();
+  for (int item = gwarp; item < total; item += nwarps) {
+    int lo = 0, hi = pairs;  // the last pair whose first item is <= item
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (pair_first[mid] <= item) lo = mid;
+      else hi = mid;
+    }
+    const int pair = lo, i = item - pair_first[pair];
     {
       const int g = pair % p.G;
       const long long s = (long long)pair * p.M + i;

@@ -68,6 +68,7 @@ int64_t pad_create(int64_t ctx, int64_t base, std::vector<int64_t> cfg) {
     MOE_CHECK(px->a.peer[r] != nullptr, "pad: rank ", r, " is not reachable by nvshmem_ptr (the padded kernels need nvlink)");
   }
   MOE_CHECK(px->mask_smem <= 200 * 1024, "pad: the token masks (", px->mask_smem, " bytes) exceed shared memory");
+  MOE_CHECK(((long long)p.L * p.G + 1) * 4 <= 40 * 1024, "pad: the combine's pair scan exceeds shared memory");
   CUDA_OK(cudaFuncSetAttribute(pad_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)px->mask_smem));
   return reinterpret_cast<int64_t>(px.release());
 }
@@ -136,16 +137,17 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
                      counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,
                      (int)n_host, (int)out.size(0)};
   const int blocks = pad_blocks(p, std::max<long long>((long long)p.L * p.G, out.size(0) * (long long)a.slices));
+  const size_t scan_smem = ((size_t)p.L * p.G + 1) * 4;  // pair_first (pad_create checks it fits)
   switch (out.scalar_type()) {
     case at::kBFloat16:
-      pad_combine_kernel<__nv_bfloat16><<<blocks, NTHREADS, 0, stream>>>(p, a, in,
+      pad_combine_kernel<__nv_bfloat16><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in,
                                                                           reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
       break;
     case at::kHalf:
-      pad_combine_kernel<__half><<<blocks, NTHREADS, 0, stream>>>(p, a, in, reinterpret_cast<__half*>(out.data_ptr()));
+      pad_combine_kernel<__half><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, reinterpret_cast<__half*>(out.data_ptr()));
       break;
     case at::kFloat:
-      pad_combine_kernel<float><<<blocks, NTHREADS, 0, stream>>>(p, a, in, out.data_ptr<float>());
+      pad_combine_kernel<float><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, out.data_ptr<float>());
       break;
     default:
       MOE_CHECK(false, "pad_combine: out dtype must be bfloat16, float16 or float32");
