@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from moe_backend import FP8
 from moe_backend.backends import nvshmem_env
+from moe_backend.backends import nvshmem_runtime as rt
 from moe_backend.backends.nvshmem_env import KNOWN, PREFIX, check_env
 from moe_backend.backends.nvshmem_runtime import Arena
 from moe_backend.spec import CommSpec
@@ -74,3 +76,18 @@ def test_an_arena_is_refused_before_anything_is_loaded(monkeypatch: pytest.Monke
     spec = CommSpec(8, 2, 64, 4, 1)
     with pytest.raises(ValueError, match="WIDE_RECV must be 0 or 1"):
         Arena(None, spec, "nvlink", 1.0, [0], 0, torch.device("cpu"), 1)
+
+
+def test_padded_kernels_serve_only_where_they_can(monkeypatch) -> None:
+    """The padded kernels' limits, each named; elsewhere the communicator derives the layout."""
+    deepseek = CommSpec(256, 8, 7168, 128, 2, in_dtype=FP8, scale_block_size=128)
+    assert rt.padded_unsupported(deepseek, "nvlink") is None
+    assert "nvlink transport only" in rt.padded_unsupported(deepseek, "put")
+    assert "16 bytes" in rt.padded_unsupported(CommSpec(8, 2, 36, 16, 2), "nvlink")  # bf16 rows of 72 bytes
+    assert "topk > 32" in rt.padded_unsupported(CommSpec(64, 33, 64, 16, 2), "nvlink")
+    assert "shared memory" in rt.padded_unsupported(CommSpec(1024, 8, 64, 8192, 2), "nvlink")
+    monkeypatch.setenv(PREFIX + "PADDED", "0")
+    assert rt.padded_unsupported(deepseek, "nvlink") == PREFIX + "PADDED=0"
+    monkeypatch.setenv(PREFIX + "PADDED", "yes")
+    with pytest.raises(ValueError, match="PADDED must be 0 or 1"):
+        rt.padded_unsupported(deepseek, "nvlink")

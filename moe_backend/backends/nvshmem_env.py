@@ -20,17 +20,17 @@ SWITCHES = frozenset({
     "CARVEOUT", "CE_FLAG_COPY", "CE_FLAG_FENCE", "CE_SEND", "COMBINE_ASYNC", "COMBINE_BULK", "COMBINE_BULK_RECV",
     "COMBINE_FUSED", "COMBINE_OVERLAP", "COMPACT_RECV", "COPY_BULK", "DIRECT_RECV", "EARLY_LOAD", "ENTRY_LAST",
     "ENTRY_RELEASE", "FINISH_BLOCK0", "FUSED_DISPATCH", "ITEM_GRIDS", "ITEM_SPREAD", "LEAN_FUSED",
-    "LL_TABLE", "OVERLAP", "PADDED", "PAR_SCAN", "PDL", "PLAN_VEC", "PUT_DIRECT", "PUT_FROM_X", "RECV_PREFETCH",
+    "LL_TABLE", "OVERLAP", "PAR_SCAN", "PDL", "PLAN_VEC", "PUT_DIRECT", "PUT_FROM_X", "RECV_PREFETCH",
     "SELF_SEND", "SMALL_FUSED", "TABLE_PREFETCH", "TOKEN_RELEASE", "TWO_PART_RECV", "WHOLE_COMBINE", "WIDE_RECV",
 })
 # Counts the kernels read with atoi (which would take "eight" as 0): positive integers only; the
 # C++ side clamps them to its range.
 COUNTS = frozenset({"CE_CHUNKS", "CE_STREAMS", "COPY_PIECES", "DIRECT_TABLE_BLOCKS", "OVERLAP_SMS"})
 # Read and checked by their own readers: CE_DECAY (create_ctx), COMBINE_ITEMS, LL_COMBINE,
-# LL_COMBINE_BY_CALL, LL_ROWS, PUT_TAGGED, BOOTSTRAP (nvshmem_runtime), PRESET (the launch scripts'
-# transport preset, scripts/slurm).
+# LL_COMBINE_BY_CALL, LL_ROWS, PADDED, PUT_TAGGED, BOOTSTRAP (nvshmem_runtime), PRESET (the launch
+# scripts' transport preset, scripts/slurm).
 CHECKED_ELSEWHERE = frozenset({"BOOTSTRAP", "CE_DECAY", "COMBINE_ITEMS", "LL_COMBINE", "LL_COMBINE_BY_CALL", "LL_ROWS",
-                               "PRESET", "PUT_TAGGED"})
+                               "PADDED", "PRESET", "PUT_TAGGED"})
 KNOWN = SWITCHES | COUNTS | CHECKED_ELSEWHERE
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..spec import FP8, CommSpec
-from .nvshmem_env import PREFIX, check_env
+from .nvshmem_env import check_env
 
 TRANSPORTS = ("auto", "put", "nvlink")
 MAX_WORLD = 64
@@ -468,8 +468,11 @@ PAD_MASK_BYTES = 200 * 1024
 def padded_unsupported(spec: CommSpec, transport: str) -> str | None:
     """Why the padded kernels do not serve this arena (the communicator then derives the padded
     layout from the contiguous dispatch), or None where they do."""
-    if os.environ.get(PREFIX + "PADDED", "") == "0":
-        return f"{PREFIX}PADDED=0"
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_PADDED", "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_PADDED must be 0 or 1, got {raw!r}")
+    if raw == "0":
+        return "MOE_BACKEND_NVSHMEM_PADDED=0"
     if transport != "nvlink":
         return "the padded kernels store into peers' memory: nvlink transport only"
     if spec.topk > 32:
