@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
     ("dispatch_combine.py", "dispatch + experts + combine match the dense computation"),
     ("training_step.py", "the expert weights match the dense model"),
     ("decode_step.py", "every step matches the dense computation"),
+    ("decode_step.py --padded", "(eagerly, padded layout): every step matches the dense computation"),
 ])
 def test_example_runs_and_checks_itself(script: str, says: str) -> None:
-    run = subprocess.run([sys.executable, str(ROOT / "examples" / script)], cwd=ROOT, capture_output=True,
+    name, *args = script.split()
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.count(says) == 2, run.stdout  # both ranks
