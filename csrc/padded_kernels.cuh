@@ -20,6 +20,10 @@ struct PadArgs {
   char* base;          // this rank's region
   char* peer[MAXW];    // every rank's region through nvshmem_ptr (this rank's included)
   long long off_tok, off_scale, off_w, off_meta, off_cnt, off_crow, off_cw, off_cflag;
+  long long off_tslots;  // [G, M, topk] int32: source (g, t)'s slot here for each k (-1: not here)
+  long long off_part;    // [W, M] partials of part_bytes, as round-tagged words (twice the bytes)
+  int part_bytes;        // hidden * transfer dtype bytes
+  int partials;          // combine: a partial per (source token, rank) summed here (PADDED_PARTIALS=1)
   int row_bytes;       // hidden * in_dtype bytes: a slot's token row (a multiple of 16)
   int scale_bytes;     // num_scales * 4 (fp8), else 0
   int out_bytes;       // hidden * out_dtype bytes: a combine row (a multiple of 16)
@@ -74,7 +78,10 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
                                                unsigned long long round) {
   const int dst = e / p.L, l = e - dst * p.L;
   auto* word = reinterpret_cast<unsigned long long*>(a.peer[dst] + a.off_cnt + ((long long)l * p.W + p.rank) * 8);
-  if constexpr (RELEASE) st_release_sys(word, tag_word(total, round));
+  if constexpr (RELEASE) {
+    if (dst == p.rank) st_release_gpu(word, tag_word(total, round));  // this GPU's readers only
+    else st_release_sys(word, tag_word(total, round));
+  }
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
@@ -120,6 +127,19 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     if (lane == 0) {
       if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = in.w[i];
       reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
+    }
+    if (a.partials && lane < p.topk) {
+      // The token's slot here for every k (the same row from each of its warps to this rank), so
+      // the combine can sum the token's rows here into one partial.
+      const int ek = in.ids[t * p.topk + lane];
+      int sk = -1;
+      if (ek >= 0 && ek < p.E && ek / p.L == dst) {
+        const unsigned* mk = pad_mask + ek * W;
+        sk = __popc(mk[t >> 5] & ((1u << (t & 31)) - 1u));
+        for (int w = 0; w < (t >> 5); ++w) sk += __popc(mk[w]);
+        sk += ((ek - dst * p.L) * p.G + p.group) * p.M;
+      }
+      reinterpret_cast<int*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] = sk;
     }
     __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
     if (lane == 0) {
@@ -183,26 +203,13 @@ struct PadCombIn {
   int n_host, rows;
 };
 
-// Send each slot's row back to its source row's (t, k) place at every rank of its group, then
-// (same blocks) sum this rank's rows as the contract orders. topk <= 32 (a lane a k).
-template <typename OT>
-__global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_constant__ Params p,
-                                                               const __grid_constant__ PadArgs a,
-                                                               const __grid_constant__ PadCombIn in, OT* out) {
-  __shared__ int order[NWARPS][32], order_rank[NWARPS][32], warp_sums[NWARPS];
-  extern __shared__ int pair_first[];  // [L * G + 1]: each pair's first filled-slot item
+// Every block scans the per-(expert, group) counts into pair_first (each pair's first item of the
+// filled slots, pair-major; pair_first[pairs] = their total) in shared memory; returns the total.
+__device__ __forceinline__ int pad_scan_pairs(const int* counts, int pairs, int* pair_first, int* warp_sums) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
-  const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
-  // The filled slots as items 0..total-1 (pair-major), a warp each: consecutive rows of a pair go to
-  // consecutive warps (a release per row: none behind another in one warp where warps suffice).
-  // Every block scans the counts into pair_first (its first item) in shared memory, then a warp
-  // finds its item's pair by binary search.
-  const int pairs = p.L * p.G;
   int carry = 0;
   for (int base = 0; base < pairs; base += NTHREADS) {
-    const int v = base + tid < pairs ? in.counts[base + tid] : 0;
+    const int v = base + tid < pairs ? counts[base + tid] : 0;
     int x = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -225,17 +232,40 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
     carry += warp_sums[NWARPS - 1];
     __syncthreads();  // warp_sums is rewritten by the next chunk
   }
-  const int total = carry;
-  if (tid == 0) pair_first[pairs] = total;
+  if (tid == 0) pair_first[pairs] = carry;
   __syncthreads();
+  return carry;
+}
+
+// The pair of filled-slot item `item`: the last pair whose first item is <= item (a non-empty one).
+__device__ __forceinline__ int pad_find_pair(const int* pair_first, int pairs, int item) {
+  int lo = 0, hi = pairs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (pair_first[mid] <= item) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Send each slot's row back to its source row's (t, k) place at every rank of its group, then
+// (same blocks) sum this rank's rows as the contract orders. topk <= 32 (a lane a k).
+template <typename OT>
+__global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_constant__ Params p,
+                                                               const __grid_constant__ PadArgs a,
+                                                               const __grid_constant__ PadCombIn in, OT* out) {
+  __shared__ int order[NWARPS][32], order_rank[NWARPS][32], warp_sums[NWARPS];
+  extern __shared__ int pair_first[];  // [L * G + 1]: each pair's first filled-slot item
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
+  const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
+  // The filled slots as items 0..total-1 (pair-major), a warp each: consecutive rows of a pair go to
+  // consecutive warps (a release per row: none behind another in one warp where warps suffice).
+  const int pairs = p.L * p.G;
+  const int total = pad_scan_pairs(in.counts, pairs, pair_first, warp_sums);
   for (int item = gwarp; item < total; item += nwarps) {
-    int lo = 0, hi = pairs;  // the last pair whose first item is <= item
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) >> 1;
-      if (pair_first[mid] <= item) lo = mid;
-      else hi = mid;
-    }
-    const int pair = lo, i = item - pair_first[pair];
+    const int pair = pad_find_pair(pair_first, pairs, item), i = item - pair_first[pair];
     {
       const int g = pair % p.G;
       const long long s = (long long)pair * p.M + i;
@@ -246,7 +276,11 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
         warp_copy(base + a.off_crow + at * a.out_bytes, in.y + s * a.out_bytes, a.out_bytes, lane);
         if (lane == 0 && in.w) reinterpret_cast<float*>(base + a.off_cw)[at] = in.w[s];
         __syncwarp();
-        if (lane == 0) st_release_sys(reinterpret_cast<unsigned long long*>(base + a.off_cflag) + at, round);
+        if (lane == 0) {
+          auto* flag = reinterpret_cast<unsigned long long*>(base + a.off_cflag) + at;
+          if (g * p.tp + j == p.rank) st_release_gpu(flag, round);
+          else st_release_sys(flag, round);
+        }
       }
     }
   }
@@ -308,6 +342,113 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
       reinterpret_cast<int4*>(out + (long long)t * H)[c] = *reinterpret_cast<const int4*>(res);
     }
     __syncwarp();  // `order` is rewritten by the next item
+  }
+}
+
+template <typename T, int N>
+struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) PadVec {
+  T v[N];
+};
+
+// PADDED_PARTIALS=1: the contiguous combine's structure in the padded layout. A warp per filled slot
+// whose k is its source token's first here (from the dispatch's per-token slot list) sums the
+// token's rows here in k order (float32, weighted: w * y rounded first, no fused multiply-add),
+// rounds the partial to the transfer dtype and stores it as round-tagged words at every rank of
+// the token's group: no flag, no release. The source's warps poll the words of the ranks its
+// token's experts are on and sum them in rank order.
+template <typename OT, typename XT>
+__global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __grid_constant__ Params p,
+                                                                        const __grid_constant__ PadArgs a,
+                                                                        const __grid_constant__ PadCombIn in,
+                                                                        OT* out) {
+  __shared__ int warp_sums[NWARPS];
+  extern __shared__ int pair_first[];  // [L * G + 1]
+  constexpr int VEC = 16 / sizeof(XT);  // elements of a 16-byte transfer chunk (32 bytes tagged)
+  using YV = PadVec<OT, VEC>;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
+  const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
+  const int* tslots = reinterpret_cast<const int*>(a.base + a.off_tslots);
+  const int pairs = p.L * p.G;
+  const int total = pad_scan_pairs(in.counts, pairs, pair_first, warp_sums);
+  const int chunks = a.part_bytes / 16;
+  const int H = a.out_bytes / (int)sizeof(OT);
+  const bool weighted = in.w != nullptr;
+  for (int item = gwarp; item < total; item += nwarps) {
+    const int pair = pad_find_pair(pair_first, pairs, item), g = pair % p.G;
+    const long long s = (long long)pair * p.M + (item - pair_first[pair]);
+    const int2 tk = meta[s];
+    const int mine = lane < p.topk ? tslots[((long long)g * p.M + tk.x) * p.topk + lane] : -1;
+    const unsigned here = __ballot_sync(0xffffffffu, mine >= 0);
+    if (__ffs(here) - 1 != tk.y) continue;  // another slot of the token leads its partial
+    const int nk = __popc(here);
+    for (int c = lane; c < chunks; c += 32) {
+      float acc[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
+      unsigned left = here;
+      for (int j = 0; j < nk; ++j) {
+        const int k = __ffs(left) - 1;
+        left &= left - 1;
+        const int sk = __shfl_sync(0xffffffffu, mine, k);
+        const YV y = reinterpret_cast<const YV*>(in.y + (long long)sk * a.out_bytes)[c];
+        const float wv = weighted ? in.w[sk] : 1.0f;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float yv = pad_to_float(y.v[v]);
+          acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv) : yv);
+        }
+      }
+      PadVec<XT, VEC> part;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
+      const int4 word = *reinterpret_cast<const int4*>(&part);
+      for (int j = 0; j < p.tp; ++j) {
+        char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + tk.x) * 2LL * a.part_bytes;
+        st_tagged_int4(dst + (long long)c * 32, word, round);
+      }
+    }
+  }
+  // Receive: item (t, slice) a warp; rows t >= n are zero.
+  const int n = pad_num_tokens(in);
+  const int per = (chunks + a.slices - 1) / a.slices;
+  for (int item = gwarp; item < in.rows * a.slices; item += nwarps) {
+    const int t = item / a.slices, c0 = (item - t * a.slices) * per, c1 = min(chunks, c0 + per);
+    int e = -1;
+    if (t < n && lane < p.topk) {
+      e = in.ids[t * p.topk + lane];
+      if (e >= p.E) e = -1;
+    }
+    // The ranks holding the token's experts (W <= 64), ascending: the contract's order.
+    const unsigned long long bit = e >= 0 ? 1ULL << (e / p.L) : 0ULL;
+    const unsigned long long ranks =
+        (unsigned long long)__reduce_or_sync(0xffffffffu, (unsigned)bit) |
+        ((unsigned long long)__reduce_or_sync(0xffffffffu, (unsigned)(bit >> 32)) << 32);
+    for (int c = c0 + lane; c < c1; c += 32) {
+      float tot[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) tot[v] = 0.0f;
+      for (unsigned long long left = ranks; left; left &= left - 1) {
+        const int r = __ffsll((long long)left) - 1;
+        const char* src = a.base + a.off_part + ((long long)r * p.M + t) * 2LL * a.part_bytes + (long long)c * 32;
+        ulonglong2 lo = ld_tagged2(src), hi = ld_tagged2(src + 16);
+        if (!(tagged_now(lo, round) && tagged_now(hi, round)))
+          bounded_poll(p, [&] {
+            lo = ld_tagged2(src);
+            hi = ld_tagged2(src + 16);
+            return tagged_now(lo, round) && tagged_now(hi, round);
+          }, PH_COMBINE_RECV, r, round);
+        const int4 word = make_int4((int)(unsigned)lo.x, (int)(unsigned)lo.y, (int)(unsigned)hi.x, (int)(unsigned)hi.y);
+        const PadVec<XT, VEC> part = *reinterpret_cast<const PadVec<XT, VEC>*>(&word);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) tot[v] = __fadd_rn(tot[v], pad_to_float(part.v[v]));
+      }
+      YV res;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) res.v[v] = pad_from_float<OT>(tot[v]);
+      reinterpret_cast<YV*>(out + (long long)t * H)[c] = res;
+    }
   }
 }
 

@@ -21,9 +21,9 @@ static long long up16(long long v) { return (v + 15) / 16 * 16; }
 
 // The region: tokens, scales, weights, (t, k) of each of the L * G * M slots; the count words
 // [L, W]; the combine's rows, weights and flags for each of this rank's (t, k) [M, topk].
-// cfg: row_bytes, scale_bytes, out_bytes, f32_transfer, state pointer.
+// cfg: row_bytes, scale_bytes, out_bytes, f32_transfer, state pointer, partials (PADDED_PARTIALS).
 static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
-  MOE_CHECK(cfg.size() == 5, "pad: config of 5 values expected");
+  MOE_CHECK(cfg.size() == 6, "pad: config of 6 values expected");
   PadCtx px{};
   PadArgs& a = px.a;
   a.row_bytes = (int)cfg[0];
@@ -31,6 +31,8 @@ static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
   a.out_bytes = (int)cfg[2];
   a.f32_transfer = (int)cfg[3];
   a.state = reinterpret_cast<unsigned long long*>(cfg[4]);
+  a.partials = (int)cfg[5];
+  a.part_bytes = a.f32_transfer ? p.H * 4 : a.out_bytes;
   a.mask_words = (p.M + 31) / 32;
   a.slices = 1;
   MOE_CHECK(a.row_bytes % 16 == 0 && a.out_bytes % 16 == 0 && a.scale_bytes % 4 == 0,
@@ -51,6 +53,8 @@ static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
   a.off_crow = take(places * a.out_bytes);
   a.off_cw = take(places * 4);
   a.off_cflag = take(places * 8);
+  a.off_tslots = take(a.partials ? places * p.G * 4 : 0);
+  a.off_part = take(a.partials ? (long long)p.W * p.M * 2 * a.part_bytes : 0);
   px.bytes = off;
   px.mask_smem = (size_t)p.E * a.mask_words * 4;
   return px;
@@ -131,23 +135,32 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
   // Each output row cut into slices (a warp each) until the call fills the arena's SMs, a slice
   // at least a 16-byte chunk a lane.
   const long long rows = std::max<long long>(out.size(0), 1);
-  const long long chunks = a.out_bytes / 16;
+  const long long chunks = (a.partials ? a.part_bytes : a.out_bytes) / 16;
   a.slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / rows, chunks / 32));
   const PadCombIn in{reinterpret_cast<const char*>(y.data_ptr()), w ? w->data_ptr<float>() : nullptr,
                      counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,
                      (int)n_host, (int)out.size(0)};
   const int blocks = pad_blocks(p, std::max<long long>((long long)p.L * p.G, out.size(0) * (long long)a.slices));
   const size_t scan_smem = ((size_t)p.L * p.G + 1) * 4;  // pair_first (pad_create checks it fits)
+  auto launch = [&](auto kernel, auto* o) { kernel<<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, o); };
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  auto* hf = reinterpret_cast<__half*>(out.data_ptr());
+  float* f32 = reinterpret_cast<float*>(out.data_ptr());
+  const bool x32 = a.f32_transfer != 0;
   switch (out.scalar_type()) {
     case at::kBFloat16:
-      pad_combine_kernel<__nv_bfloat16><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in,
-                                                                          reinterpret_cast<__nv_bfloat16*>(out.data_ptr()));
+      if (!a.partials) launch(pad_combine_kernel<__nv_bfloat16>, bf);
+      else if (x32) launch(pad_combine_partials_kernel<__nv_bfloat16, float>, bf);
+      else launch(pad_combine_partials_kernel<__nv_bfloat16, __nv_bfloat16>, bf);
       break;
     case at::kHalf:
-      pad_combine_kernel<__half><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, reinterpret_cast<__half*>(out.data_ptr()));
+      if (!a.partials) launch(pad_combine_kernel<__half>, hf);
+      else if (x32) launch(pad_combine_partials_kernel<__half, float>, hf);
+      else launch(pad_combine_partials_kernel<__half, __half>, hf);
       break;
     case at::kFloat:
-      pad_combine_kernel<float><<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, out.data_ptr<float>());
+      if (!a.partials) launch(pad_combine_kernel<float>, f32);
+      else launch(pad_combine_partials_kernel<float, float>, f32);
       break;
     default:
       MOE_CHECK(false, "pad_combine: out dtype must be bfloat16, float16 or float32");

@@ -91,3 +91,14 @@ def test_padded_kernels_serve_only_where_they_can(monkeypatch) -> None:
     monkeypatch.setenv(PREFIX + "PADDED", "yes")
     with pytest.raises(ValueError, match="PADDED must be 0 or 1"):
         rt.padded_unsupported(deepseek, "nvlink")
+
+
+def test_padded_partials_switch(monkeypatch) -> None:
+    """PADDED_PARTIALS (round 66): off unless 1; any other value refused, naming it."""
+    monkeypatch.delenv(PREFIX + "PADDED_PARTIALS", raising=False)
+    assert rt.padded_partials() is False
+    monkeypatch.setenv(PREFIX + "PADDED_PARTIALS", "1")
+    assert rt.padded_partials() is True
+    monkeypatch.setenv(PREFIX + "PADDED_PARTIALS", "on")
+    with pytest.raises(ValueError, match="PADDED_PARTIALS must be 0 or 1, got 'on'"):
+        rt.padded_partials()

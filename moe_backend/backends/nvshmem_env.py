@@ -27,10 +27,10 @@ SWITCHES = frozenset({
 # C++ side clamps them to its range.
 COUNTS = frozenset({"CE_CHUNKS", "CE_STREAMS", "COPY_PIECES", "DIRECT_TABLE_BLOCKS", "OVERLAP_SMS"})
 # Read and checked by their own readers: CE_DECAY (create_ctx), COMBINE_ITEMS, LL_COMBINE,
-# LL_COMBINE_BY_CALL, LL_ROWS, PADDED, PUT_TAGGED, BOOTSTRAP (nvshmem_runtime), PRESET (the launch
-# scripts' transport preset, scripts/slurm).
+# LL_COMBINE_BY_CALL, LL_ROWS, PADDED, PADDED_PARTIALS, PUT_TAGGED, BOOTSTRAP (nvshmem_runtime), PRESET
+# (the launch scripts' transport preset, scripts/slurm).
 CHECKED_ELSEWHERE = frozenset({"BOOTSTRAP", "CE_DECAY", "COMBINE_ITEMS", "LL_COMBINE", "LL_COMBINE_BY_CALL", "LL_ROWS",
-                               "PADDED", "PRESET", "PUT_TAGGED"})
+                               "PADDED", "PADDED_PARTIALS", "PRESET", "PUT_TAGGED"})
 KNOWN = SWITCHES | COUNTS | CHECKED_ELSEWHERE
 
 

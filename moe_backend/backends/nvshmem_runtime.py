@@ -484,6 +484,16 @@ def padded_unsupported(spec: CommSpec, transport: str) -> str | None:
     return None
 
 
+def padded_partials() -> bool:
+    """MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=1 (off by default; round 66, prepared): the padded combine
+    sums each source token's rows on the expert's rank into one partial, sent as round-tagged words,
+    instead of sending every slot's row back behind a flag."""
+    raw = os.environ.get("MOE_BACKEND_NVSHMEM_PADDED_PARTIALS", "")
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"MOE_BACKEND_NVSHMEM_PADDED_PARTIALS must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 class PadRegion:
     """The padded layout's symmetric region (receive slots, count words, the combine's rows and
     flags), its kernels' context, and the receive slots as tensors (views of the region)."""
@@ -494,7 +504,8 @@ class PadRegion:
         L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens
         self.state = torch.zeros(2 + spec.num_experts, dtype=torch.int64, device=arena.device)
         cfg = [spec.hidden * spec.in_dtype.itemsize, spec.num_scales * 4, spec.hidden * spec.out_dtype.itemsize,
-               int(spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32), self.state.data_ptr()]
+               int(spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32), self.state.data_ptr(),
+               int(padded_partials())]
         nbytes = int(o.pad_region_bytes(arena.ctx, cfg))
         self.sym = sym_malloc(nbytes, f"the padded layout of {spec.describe()}")  # collective
         self.id = int(o.pad_create(arena.ctx, self.sym, cfg))

@@ -436,11 +436,14 @@ def work_between_worker(seed: int, tokens: int, matmuls: int, rounds: int = 3) -
         comm.close()
 
 
-def padded_worker(seed: int, count: int, transports: tuple[str, ...] = ("nvlink", "put"), replays: int = 3) -> None:
+def padded_worker(seed: int, count: int, env: dict[str, str] | None = None,
+                  transports: tuple[str, ...] = ("nvlink", "put"), replays: int = 3) -> None:
     """The padded layout on the nvshmem backend against the oracle: the padded kernels wherever
     they serve (nvlink, rows of 16-byte multiples), the contiguous path's derivation elsewhere;
     each case twice on one communicator with a contiguous round between (they share the arena),
-    then CUDA-graph replays of a padded step on fresh inputs (the round advanced on the device)."""
+    then CUDA-graph replays of a padded step on fresh inputs (the round advanced on the device).
+    `env`: the backend's variables (read when a padded region is made), e.g. PADDED_PARTIALS=1."""
+    os.environ.update(env or {})
     rank, world = dist.get_rank(), dist.get_world_size()
     cases = random_cases(seed, count, world)
     native = 0

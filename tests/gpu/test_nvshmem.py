@@ -66,10 +66,13 @@ def test_contract_suite_both_transports():
     _spawn(_workers.contract_worker, 0, COUNT, ("put", "nvlink"), timeout=60)
 
 
-def test_padded_layout():
+@pytest.mark.parametrize("partials", ["0", "1"])
+def test_padded_layout(partials: str):
     """dispatch_padded / combine_padded on both transports (nvlink: the padded kernels), against
-    the oracle, with contiguous rounds between and CUDA-graph replays."""
-    _spawn(_workers.padded_worker, 40, max(6, COUNT // 2), timeout=90)
+    the oracle, with contiguous rounds between and CUDA-graph replays; also with the combine's
+    per-token partials in tagged words (PADDED_PARTIALS=1, round 66)."""
+    _spawn(_workers.padded_worker, 40, max(6, COUNT // 2), {"MOE_BACKEND_NVSHMEM_PADDED_PARTIALS": partials},
+           timeout=90)
 
 
 def test_contract_suite_without_overlap():

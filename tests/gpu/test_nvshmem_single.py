@@ -160,11 +160,14 @@ def test_contract_on_one_gpu(variant: str) -> None:
     launch.spawn(_one_rank_worker, 1, SEED, VARIANTS[variant], dist_backend="nccl", timeout=300)
 
 
-def test_padded_layout_on_one_gpu() -> None:
+@pytest.mark.parametrize("partials", ["0", "1"])
+def test_padded_layout_on_one_gpu(partials: str) -> None:
     """dispatch_padded / combine_padded at world size 1, both transports (nvlink: the padded
-    kernels), against the oracle, with contiguous rounds between and CUDA-graph replays."""
+    kernels), against the oracle, with contiguous rounds between and CUDA-graph replays; also with
+    the combine's per-token partials in tagged words (PADDED_PARTIALS=1, round 66)."""
     print(f"seed={SEED}")
-    launch.spawn(_workers.padded_worker, 1, SEED, 12, dist_backend="nccl", timeout=300)
+    launch.spawn(_workers.padded_worker, 1, SEED, 12, {"MOE_BACKEND_NVSHMEM_PADDED_PARTIALS": partials},
+                 dist_backend="nccl", timeout=300)
 
 
 def test_contract_with_few_sms_on_one_gpu() -> None:
