@@ -337,6 +337,9 @@ __device__ __forceinline__ unsigned long long gtimer() {
 enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_ITEMS, ST_CRECV, ST_PLAN_BARRIER,
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS,
              ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, ST_PLAN_SUMMED, ST_PLAN_SCANNED,
+             // the padded kernels (padded_kernels.cuh): the dispatch, its masks built, its rows and
+             // counts stored, its counts seen; the combine, its pair scan, its send items done
+             ST_PAD_DISPATCH, ST_PAD_MASKS, ST_PAD_ROWS, ST_PAD_COUNTS, ST_PAD_COMBINE, ST_PAD_SCANNED, ST_PAD_SENT,
              NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit

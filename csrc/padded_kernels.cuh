@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
                                                                 const __grid_constant__ PadIn in, int* counts_out,
                                                                 long long* tpe_out) {
   extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
+  stamp_entry(ST_PAD_DISPATCH);
   const int tid = threadIdx.x, lane = tid & 31;
   const int n = pad_num_tokens(in);
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + 1;
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     if (e >= 0 && e < p.E) atomicOr(&pad_mask[e * W + (t >> 5)], 1u << (t & 31));
   }
   __syncthreads();
+  stamp_exit(ST_PAD_MASKS);
   const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
   // Experts none of whose rows this replica sends: their counts go at once.
   for (int e = gthread; e < p.E; e += nthreads) {
@@ -156,6 +158,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
       }
     }
   }
+  stamp_exit(ST_PAD_ROWS);
   // Receive: a thread a local expert waits for its W count words.
   for (int l = gthread; l < p.L; l += nthreads) {
     long long total = 0;
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     }
     tpe_out[l] = total;
   }
+  stamp_exit(ST_PAD_COUNTS);
   // The round advances when the last block is done (every block read it at its start).
   __syncthreads();
   if (tid == 0) {
@@ -179,6 +183,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
       a.state[0] = round;
     }
   }
+  stamp_exit(ST_PAD_DISPATCH);
 }
 
 template <typename OT>
@@ -202,6 +207,13 @@ struct PadCombIn {
   const int* ntok;
   int n_host, rows;
 };
+
+// Lane k's expert of token t: -1 where dropped, k >= topk, or t past the live rows.
+__device__ __forceinline__ int pad_lane_expert(const Params& p, const PadCombIn& in, int t, int n, int lane) {
+  if (t >= n || lane >= p.topk) return -1;
+  const int e = in.ids[t * p.topk + lane];
+  return e < p.E ? e : -1;
+}
 
 // Every block scans the per-(expert, group) counts into pair_first (each pair's first item of the
 // filled slots, pair-major; pair_first[pairs] = their total) in shared memory; returns the total.
@@ -256,6 +268,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
                                                                const __grid_constant__ PadCombIn in, OT* out) {
   __shared__ int order[NWARPS][32], order_rank[NWARPS][32], warp_sums[NWARPS];
   extern __shared__ int pair_first[];  // [L * G + 1]: each pair's first filled-slot item
+  stamp_entry(ST_PAD_COMBINE);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
   const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
@@ -264,6 +277,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
   // consecutive warps (a release per row: none behind another in one warp where warps suffice).
   const int pairs = p.L * p.G;
   const int total = pad_scan_pairs(in.counts, pairs, pair_first, warp_sums);
+  stamp_exit(ST_PAD_SCANNED);
   for (int item = gwarp; item < total; item += nwarps) {
     const int pair = pad_find_pair(pair_first, pairs, item), i = item - pair_first[pair];
     {
@@ -284,6 +298,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
       }
     }
   }
+  stamp_exit(ST_PAD_SENT);
   // Receive: item (t, slice) a warp; rows t >= n are zero.
   const int n = pad_num_tokens(in);
   constexpr int VEC = 16 / sizeof(OT);
@@ -292,11 +307,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
   const bool weighted = in.w != nullptr;  // every rank passes weights or none
   for (int item = gwarp; item < in.rows * a.slices; item += nwarps) {
     const int t = item / a.slices, c0 = (item - t * a.slices) * per, c1 = min(chunks, c0 + per);
-    int e = -1;
-    if (t < n && lane < p.topk) {
-      e = in.ids[t * p.topk + lane];
-      if (e >= p.E) e = -1;
-    }
+    const int e = pad_lane_expert(p, in, t, n, lane);
     const int r = e >= 0 ? e / p.L : 0;
     // The contract's order: by rank, then k; this lane's place among the valid ks.
     int pos = 0;
@@ -343,6 +354,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
     }
     __syncwarp();  // `order` is rewritten by the next item
   }
+  stamp_exit(ST_PAD_COMBINE);
 }
 
 template <typename T, int N>
@@ -363,6 +375,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
                                                                         OT* out) {
   __shared__ int warp_sums[NWARPS];
   extern __shared__ int pair_first[];  // [L * G + 1]
+  stamp_entry(ST_PAD_COMBINE);
   constexpr int VEC = 16 / sizeof(XT);  // elements of a 16-byte transfer chunk (32 bytes tagged)
   using YV = PadVec<OT, VEC>;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -372,6 +385,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
   const int* tslots = reinterpret_cast<const int*>(a.base + a.off_tslots);
   const int pairs = p.L * p.G;
   const int total = pad_scan_pairs(in.counts, pairs, pair_first, warp_sums);
+  stamp_exit(ST_PAD_SCANNED);
   const int chunks = a.part_bytes / 16;
   const int H = a.out_bytes / (int)sizeof(OT);
   const bool weighted = in.w != nullptr;
@@ -410,16 +424,13 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
       }
     }
   }
+  stamp_exit(ST_PAD_SENT);
   // Receive: item (t, slice) a warp; rows t >= n are zero.
   const int n = pad_num_tokens(in);
   const int per = (chunks + a.slices - 1) / a.slices;
   for (int item = gwarp; item < in.rows * a.slices; item += nwarps) {
     const int t = item / a.slices, c0 = (item - t * a.slices) * per, c1 = min(chunks, c0 + per);
-    int e = -1;
-    if (t < n && lane < p.topk) {
-      e = in.ids[t * p.topk + lane];
-      if (e >= p.E) e = -1;
-    }
+    const int e = pad_lane_expert(p, in, t, n, lane);
     // The ranks holding the token's experts (W <= 64), ascending: the contract's order.
     const unsigned long long bit = e >= 0 ? 1ULL << (e / p.L) : 0ULL;
     const unsigned long long ranks =
@@ -450,6 +461,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
       reinterpret_cast<YV*>(out + (long long)t * H)[c] = res;
     }
   }
+  stamp_exit(ST_PAD_COMBINE);
 }
 
 }  // namespace moe

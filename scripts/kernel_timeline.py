@@ -14,10 +14,12 @@ and prints, per token count, the medians over the iterations of
   events around send + receive): the difference is launch latency outside the kernels.
 
     python scripts/kernel_timeline.py [--config deepseek_decode] [--tokens 1 128] [--sms N]
-                                      [--world-size 2] [--iters 100] [--out timeline.json] [--split]
+                                      [--world-size 2] [--iters 100] [--out timeline.json] [--split | --padded]
 
 The dispatch is the whole `comm.dispatch` (one fused kernel at decode sizes since round 35: the
-send's stamps, then the receive's, in one kernel); `--split` times `dispatch_send` + `recv`.
+send's stamps, then the receive's, in one kernel); `--split` times `dispatch_send` + `recv`;
+`--padded` times `comm.dispatch_padded` / `combine_padded` (their kernels' stamps: masks built,
+rows and counts stored, counts seen; the combine's pair scan and send items done).
 
 The stamps cost time even when off, so only a build with them has them:
     rm -f moe_backend/_C*.so && MOE_BACKEND_STAMPS=1 python setup.py build_ext --inplace
@@ -43,15 +45,19 @@ from moe_backend.config import bench_presets_dir, load_bench, resolve_config  # 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
           "combine_send_rows", "send_table", "direct_rows", "table_masks", "table_entries", "recv_start",
-          "direct_copied", "plan_summed", "plan_scanned"]  # the kernels' enum Stamp order
+          "direct_copied", "plan_summed", "plan_scanned", "pad_dispatch", "pad_masks", "pad_rows", "pad_counts",
+          "pad_combine", "pad_scanned", "pad_sent"]  # the kernels' enum Stamp order
 DISPATCH = ["send", "table_masks", "table_entries", "send_table", "recv_start", "plan", "plan_waited", "plan_barrier",
             "plan_summed", "plan_scanned", "direct_rows", "direct_copied", "copy"]
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
+PADDED_DISPATCH = ["pad_dispatch", "pad_masks", "pad_rows", "pad_counts"]  # --padded: dispatch_padded
+PADDED_COMBINE = ["pad_combine", "pad_scanned", "pad_sent"]  # and combine_padded
 # stamps that record one moment (the latest over warps), not a kernel
 EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items", "table_masks",
              "table_entries", "recv_start", "direct_copied", "plan_summed", "plan_scanned",
-             "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows")
+             "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows",
+             "pad_masks", "pad_rows", "pad_counts", "pad_scanned", "pad_sent")
 WARMUP = 10
 
 
@@ -71,7 +77,7 @@ def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
 
 
 def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
-            out: str | None, split: bool) -> None:
+            out: str | None, split: bool, padded: bool = False) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     preset = load_bench(resolve_config(config, bench_presets_dir()))
     spec = preset.comm.to_spec(dist.get_world_size())
@@ -90,16 +96,21 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             ops.timeline_stamps(1)  # reset and on (synchronises)
             bench.barrier(device, flag)
             m0 = clock.mark()
-            if split:  # the two kernels of the split phases
+            if padded:  # one kernel each way (csrc/padded_kernels.cuh)
+                result = comm.dispatch_padded(x, ids, None, scale)
+            elif split:  # the two kernels of the split phases
                 result = comm.dispatch_send(x, ids, None, scale).recv()
             else:  # the whole op, fused where the direct receive runs (send stamps, then receive's)
                 result = comm.dispatch(x, ids, None, scale)
             m1 = clock.mark()
             if y is None:
-                y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
+                y = torch.randn(result.tokens.shape[:-1] + (spec.hidden,), device=device).to(spec.out_dtype)
             bench.barrier(device, flag)
             m2 = clock.mark()
-            comm.combine_send(y, result.handle, None).recv()
+            if padded:
+                comm.combine_padded(y, result.handle)
+            else:
+                comm.combine_send(y, result.handle, None).recv()
             m3 = clock.mark()
             stamps = ops.timeline_stamps(0).tolist()
             if i < WARMUP:
@@ -111,8 +122,9 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
                 if v > 0 and ref > 0:
                     step = math.gcd(step, abs(v - ref))
             row = {"dispatch_events": clock.elapsed_us(m0, m1), "combine_events": clock.elapsed_us(m2, m3)}
-            row.update({f"dispatch.{k}": v for k, v in _relative(stamps, DISPATCH).items()})
-            row.update({f"combine.{k}": v for k, v in _relative(stamps, COMBINE).items()})
+            dispatch_names, combine_names = (PADDED_DISPATCH, PADDED_COMBINE) if padded else (DISPATCH, COMBINE)
+            row.update({f"dispatch.{k}": v for k, v in _relative(stamps, dispatch_names).items()})
+            row.update({f"combine.{k}": v for k, v in _relative(stamps, combine_names).items()})
             for k, v in row.items():
                 samples.setdefault(k, []).append(v)
         report[str(n)] = {k: statistics.median(v) for k, v in samples.items()}
@@ -130,7 +142,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
                 print(f"  {key:<32}" + "".join(f"{g[str(n)][key]:>10.1f}" for g in gathered))
         if out:
             bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
-                                    "dispatch": "split" if split else "whole",
+                                    "dispatch": "padded" if padded else "split" if split else "whole",
                                     "world_size": dist.get_world_size(),
                                     "num_sms": sms, "per_rank": gathered}])
 
@@ -146,11 +158,13 @@ def main() -> int:
     ap.add_argument("--out", help="write the medians per rank as JSON here")
     ap.add_argument("--split", action="store_true",
                     help="dispatch by send + receive (two kernels), not the whole comm.dispatch")
+    ap.add_argument("--padded", action="store_true",
+                    help="time dispatch_padded / combine_padded (the padded layout's kernels) instead")
     args = ap.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 args.split, dist_backend="nccl", timeout=600)
+                 args.split, args.padded, dist_backend="nccl", timeout=600)
     return 0
 
 

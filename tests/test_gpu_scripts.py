@@ -174,3 +174,24 @@ def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
     assert plain == module.CASES and not any(case[4] for case in plain)
     assert {case[0] for case in module.select_cases("prefill", [])} == {"deepseek-prefill"}
     assert module.select_cases("prefill", [64]) == []
+
+
+def test_kernel_timeline_names_the_stamps_in_enum_order() -> None:
+    """scripts/kernel_timeline.py reads the stamps by position: its names must follow the kernels'
+    `enum Stamp` (csrc/device_common.cuh), `ST_PAD_ROWS` as `pad_rows`."""
+    import ast
+    import re
+
+    text = (ROOT / "csrc" / "device_common.cuh").read_text()
+    body = re.search(r"enum Stamp \{(.*?)NSTAMP", text, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    enum = [name.split("=")[0].strip().removeprefix("ST_").lower() for name in body.split(",") if name.strip()]
+    script = (ROOT / "scripts" / "kernel_timeline.py").read_text()
+    tree = ast.parse(script)
+    stamps = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "STAMPS")
+    aliases = {"csend": "combine_send", "csend_items": "combine_send_items",
+               "crecv": "combine_recv", "csend_summed": "combine_send_summed",
+               "csend_fenced": "combine_send_fenced", "csend_loop": "combine_send_loop",
+               "csend_rows": "combine_send_rows"}
+    assert [aliases.get(n, n) for n in enum] == stamps
