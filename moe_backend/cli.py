@@ -74,12 +74,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  local experts {spec.num_local_experts}, groups {spec.num_groups}, "
           f"max rows received per rank {spec.max_recv_tokens}")
     # The nvshmem backend's one buffer formula; importable without the extension.
-    from .backends.nvshmem_runtime import buffer_bytes
+    from .backends.nvshmem_runtime import buffer_bytes, padded_region_bytes, padded_unsupported
 
     for transport in ("put", "nvlink"):
         print(f"  nvshmem buffers per rank, {transport} transport (bytes; docs/KERNELS.md):")
         for name, size in buffer_bytes(spec, transport).items():
             print(f"    {name:<28}{size:>16,}")
+    why_not = padded_unsupported(spec, "nvlink")
+    if why_not is None:
+        print(f"  padded layout (nvlink, at the first dispatch_padded): {padded_region_bytes(spec):,} symmetric bytes "
+              "per rank more")
+    else:
+        print(f"  padded layout: derived from the contiguous ops ({why_not})")
     return 0
 
 

@@ -29,6 +29,8 @@ def test_info_prints_devices_backend_and_sizes() -> None:
     # The buffer formula, for both transports (staging exists only for put).
     assert "put transport" in res.stdout and "nvlink transport" in res.stdout
     assert re.search(r"symmetric_total\s+[\d,]+", res.stdout)
+    # Mixtral's rows (4096 bf16) take the padded kernels: their region's size is printed.
+    assert re.search(r"padded layout \(nvlink, at the first dispatch_padded\): [\d,]+ symmetric bytes", res.stdout)
 
 
 def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:

@@ -494,6 +494,25 @@ def padded_partials() -> bool:
     return raw == "1"
 
 
+def padded_region_bytes(spec: CommSpec, partials: bool | None = None) -> int:
+    """Symmetric bytes a rank of the padded layout's region (csrc/padded_ops.cuh's pad_layout,
+    restated: `moe-backend info` prints it, a GPU test checks it against the kernels' own):
+    L * G * M slots (row, scales, weight, source), L * W count words, M * topk combine rows,
+    weights and flags, and with PADDED_PARTIALS each token's slots and W * M tagged partials."""
+    partials = padded_partials() if partials is None else partials
+    up = lambda v: -(-v // 16) * 16  # noqa: E731
+    slots = spec.num_local_experts * spec.num_groups * spec.max_num_tokens
+    places = spec.max_num_tokens * spec.topk
+    out_bytes = spec.hidden * spec.out_dtype.itemsize
+    f32 = spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32
+    part_bytes = spec.hidden * 4 if f32 else out_bytes
+    parts = [slots * spec.hidden * spec.in_dtype.itemsize, slots * spec.num_scales * 4, slots * 4, slots * 8,
+             spec.num_local_experts * spec.world_size * 8, places * out_bytes, places * 4, places * 8,
+             places * spec.num_groups * 4 if partials else 0,
+             spec.world_size * spec.max_num_tokens * 2 * part_bytes if partials else 0]
+    return sum(up(v) for v in parts)
+
+
 class PadRegion:
     """The padded layout's symmetric region (receive slots, count words, the combine's rows and
     flags), its kernels' context, and the receive slots as tensors (views of the region)."""
@@ -506,7 +525,7 @@ class PadRegion:
         cfg = [spec.hidden * spec.in_dtype.itemsize, spec.num_scales * 4, spec.hidden * spec.out_dtype.itemsize,
                int(spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32), self.state.data_ptr(),
                int(padded_partials())]
-        nbytes = int(o.pad_region_bytes(arena.ctx, cfg))
+        nbytes = self.bytes = int(o.pad_region_bytes(arena.ctx, cfg))
         self.sym = sym_malloc(nbytes, f"the padded layout of {spec.describe()}")  # collective
         self.id = int(o.pad_create(arena.ctx, self.sym, cfg))
         tok, scale, weights, meta = o.pad_views(self.id, arena.device.index)

@@ -455,6 +455,8 @@ def padded_worker(seed: int, count: int, env: dict[str, str] | None = None,
                     run_padded_case(comm, case)
                     run_case(comm, case)
                 served = bool(comm.backend.arena._pad)
+                if served and comm.backend.arena._pad.bytes != rt.padded_region_bytes(case.spec):
+                    raise AssertionError("padded_region_bytes differs from the kernels' pad_region_bytes")
                 if served != (rt.padded_unsupported(case.spec, comm.backend.transport) is None):
                     raise AssertionError(f"padded kernels served: {served}, expected the opposite")
                 native += served
