@@ -1367,7 +1367,8 @@ TORCH_LIBRARY(moe_backend, m) {
   m.def("pad_destroy(int pad) -> ()", moe::pad_destroy);
   m.def("pad_views(int pad, int device) -> Tensor[]", moe::pad_views);
   m.def("pad_dispatch(Tensor x, Tensor topk_ids, Tensor? topk_weights, Tensor? x_scale, Tensor? num_tokens, "
-        "int n_host, int pad) -> Tensor[]");
+        "int n_host, int pad, int phase) -> Tensor[]");
+  m.def("pad_recv(Tensor like, int pad) -> Tensor[]");
   m.def("pad_combine(Tensor expert_y, Tensor? weights, Tensor counts, Tensor topk_ids, Tensor? num_tokens, "
         "int n_host, Tensor(a!) out, int pad) -> ()");
   m.def("ce_chunk_starts(int n, int max_chunks, float decay) -> int[]", moe::ce_chunk_starts);
@@ -1398,6 +1399,7 @@ TORCH_LIBRARY_IMPL(moe_backend, CUDA, m) {
   m.impl("combine_recv", moe::combine_recv);
   m.impl("combine_whole", moe::combine_whole);
   m.impl("pad_dispatch", moe::pad_dispatch);
+  m.impl("pad_recv", moe::pad_recv);
   m.impl("pad_combine", moe::pad_combine);
   m.impl("ping", moe::ping);
   m.impl("step_cost", moe::step_cost);

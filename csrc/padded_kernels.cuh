@@ -34,6 +34,8 @@ struct PadArgs {
                               // e's rows sent this round
 };
 
+enum PadPhase : int { PAD_SEND = 1, PAD_RECV = 2 };
+
 struct PadIn {
   const char* x;
   const char* scale;
@@ -85,17 +87,14 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
-// Send then receive in the same blocks (the grid fits the GPU at once: every block is resident,
-// so the receive's waits cannot hold back a block that still has rows to send).
-__global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_constant__ Params p,
-                                                                const __grid_constant__ PadArgs a,
-                                                                const __grid_constant__ PadIn in, int* counts_out,
-                                                                long long* tpe_out) {
+// The send: every block builds the routing's token masks per expert in shared memory; the counts
+// of experts with no row of this replica go at once; a warp per (t, k) stores the row into its slot.
+__device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a, const PadIn& in,
+                                              unsigned long long round) {
   extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
-  stamp_entry(ST_PAD_DISPATCH);
   const int tid = threadIdx.x, lane = tid & 31;
+  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
   const int n = pad_num_tokens(in);
-  const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + 1;
   const int W = a.mask_words;
   for (int i = tid; i < p.E * W; i += blockDim.x) pad_mask[i] = 0;
   __syncthreads();
@@ -105,7 +104,6 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
   }
   __syncthreads();
   stamp_exit(ST_PAD_MASKS);
-  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
   // Experts none of whose rows this replica sends: their counts go at once.
   for (int e = gthread; e < p.E; e += nthreads) {
     const unsigned* m = pad_mask + e * W;
@@ -159,8 +157,24 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     }
   }
   stamp_exit(ST_PAD_ROWS);
+}
+
+// Send then receive in the same blocks (the grid fits the GPU at once: every block is resident,
+// so the receive's waits cannot hold back a block that still has rows to send). `phase`: PAD_SEND
+// | PAD_RECV, both for a whole dispatch; a split one launches the send (it advances the round) and
+// later the receive alone (it waits on the round the send advanced to).
+__global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_constant__ Params p,
+                                                                const __grid_constant__ PadArgs a,
+                                                                const __grid_constant__ PadIn in, int* counts_out,
+                                                                long long* tpe_out, int phase) {
+  stamp_entry(ST_PAD_DISPATCH);
+  const int tid = threadIdx.x;
+  const unsigned long long round =
+      *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + ((phase & PAD_SEND) ? 1 : 0);
+  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
+  if (phase & PAD_SEND) pad_send_part(p, a, in, round);
   // Receive: a thread a local expert waits for its W count words.
-  for (int l = gthread; l < p.L; l += nthreads) {
+  for (int l = gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
     for (int r = 0; r < p.W; ++r) {
       const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);
@@ -175,9 +189,9 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     tpe_out[l] = total;
   }
   stamp_exit(ST_PAD_COUNTS);
-  // The round advances when the last block is done (every block read it at its start).
+  // The round advances when the send's last block is done (every block read it at its start).
   __syncthreads();
-  if (tid == 0) {
+  if (tid == 0 && (phase & PAD_SEND)) {
     if (atomicAdd(&a.state[1], 1ULL) == (unsigned long long)gridDim.x - 1) {
       a.state[1] = 0;
       a.state[0] = round;

@@ -99,9 +99,11 @@ static int pad_blocks(const Params& p, long long items) {
   return (int)std::max(1LL, std::min<long long>(b, p.num_sms));
 }
 
+// phase 3: a whole dispatch, returns [counts, tokens_per_expert]; 1: the send alone, returns [].
 std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                                      const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok,
-                                     int64_t n_host, int64_t pad) {
+                                     int64_t n_host, int64_t pad, int64_t phase) {
+  MOE_CHECK(phase == PAD_SEND || phase == (PAD_SEND | PAD_RECV), "pad_dispatch: phase must be 1 or 3, got ", phase);
   PadCtx& px = PX(pad);
   Ctx& cx = CX(px.ctx);
   const Params& p = cx.p;
@@ -116,8 +118,25 @@ std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids,
                  ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0)};
   const long long rows = ntok ? x.size(0) : n_host;
   const int blocks = pad_blocks(p, std::max<long long>(rows * p.topk, 1));
-  pad_dispatch_kernel<<<blocks, NTHREADS, px.mask_smem, stream>>>(p, px.a, in, counts.data_ptr<int>(),
-                                                                 reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()));
+  pad_dispatch_kernel<<<blocks, NTHREADS, px.mask_smem, stream>>>(
+      p, px.a, in, counts.data_ptr<int>(), reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()), (int)phase);
+  CUDA_OK(cudaGetLastError());
+  if (phase == PAD_SEND) return {};
+  return {counts, tpe};
+}
+
+// The receive of a split padded dispatch: waits for this round's count words (the send's round).
+std::vector<at::Tensor> pad_recv(const at::Tensor& like, int64_t pad) {
+  PadCtx& px = PX(pad);
+  const Params& p = CX(px.ctx).p;
+  c10::cuda::CUDAGuard guard(like.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  auto counts = at::empty({p.L, p.G}, like.options().dtype(at::kInt));
+  auto tpe = at::empty({p.L}, like.options().dtype(at::kLong));
+  const PadIn in{nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0};
+  const int blocks = (int)std::min<long long>((p.L + NTHREADS - 1) / NTHREADS, p.num_sms);
+  pad_dispatch_kernel<<<blocks, NTHREADS, 0, stream>>>(p, px.a, in, counts.data_ptr<int>(),
+                                                       reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()), PAD_RECV);
   CUDA_OK(cudaGetLastError());
   return {counts, tpe};
 }

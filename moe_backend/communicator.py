@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from . import validate
 from .backends import create_backend, resolve_backend
-from .padded import Derived, PaddedDispatchResult, PaddedHandle, from_received, to_contiguous
+from .padded import Derived, Padded, PaddedDispatchResult, PaddedHandle, from_received, to_contiguous
 from .result import DispatchResult, Handle
 from .spec import CommSpec
 
@@ -148,32 +148,31 @@ class Communicator:
     # -- the padded layout (moe_backend/padded.py) ----------------------------------------
     @_eager
     def dispatch_padded(self, x, topk_ids, topk_weights=None, x_scale=None, num_tokens=None) -> PaddedDispatchResult:
-        """Dispatch into `[L, G * M, hidden]` per-expert batches (see moe_backend.padded); one call,
-        send and receive. Its handle goes to `combine_padded`."""
+        """Dispatch into `[L, G * M, hidden]` per-expert batches (see moe_backend.padded), send and
+        receive in one call (the nvshmem kernels: one launch). Its handle goes to `combine_padded`."""
+        return self._padded_send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=True)._recv()
+
+    @_eager
+    def dispatch_padded_send(self, x, topk_ids, topk_weights=None, x_scale=None,
+                             num_tokens=None) -> PaddedDispatchReceiver:
+        """Start a padded dispatch; the receiver's `recv()` completes it (other GPU work may run
+        between, as for `dispatch_send`)."""
+        return self._padded_send(x, topk_ids, topk_weights, x_scale, num_tokens, whole=False)
+
+    def _padded_send(self, x, topk_ids, topk_weights, x_scale, num_tokens, whole: bool) -> PaddedDispatchReceiver:
         self._expect_phase("idle", "dispatch")
         x, ids, weights, scale, n = validate.check_dispatch(
             self.spec, self.device, x, topk_ids, topk_weights, x_scale, num_tokens, self.check_inputs
         )
-        got = self.backend.dispatch_padded(x, ids, weights, scale, n)  # raises: the round never began
-        if got is None:  # no padded path of the backend's own: from its contiguous dispatch
-            result = self._send(x, ids, weights, scale, n, whole=True)._recv()
-            got = from_received(self.spec, result.tokens, result.scales, result.weights, result.handle)
+        send = self.backend.dispatch_padded if whole else self.backend.dispatch_padded_send
+        pending = send(x, ids, weights, scale, n)  # raises: the round never began
+        inner = None
+        if pending is None:  # no padded path of the backend's own: from its contiguous dispatch
+            inner = self._send(x, ids, weights, scale, n, whole=whole)
         else:
             self._round += 1
-        self._phase = "dispatched"
-        handle = PaddedHandle(
-            comm_id=self.id,
-            round=self._round,
-            spec=self.spec,
-            num_tokens=n,
-            num_input_rows=x.shape[0],
-            counts=got.counts,
-            src_token=got.src_token,
-            src_k=got.src_k,
-            topk_ids=ids,
-            backend_state=got.backend_state,
-        )
-        return PaddedDispatchResult(got.tokens, got.scales, got.weights, got.counts, got.tokens_per_expert, handle)
+            self._phase = "dispatch_sent"
+        return PaddedDispatchReceiver(self, self._round, pending, inner, ids, n, x.shape[0])
 
     @_eager
     def combine_padded(self, expert_y, handle, weights=None, out=None) -> torch.Tensor:
@@ -267,6 +266,45 @@ class DispatchReceiver(_Receiver):
             expert_offsets=got.expert_offsets,
             handle=handle,
         )
+
+
+class PaddedDispatchReceiver(_Receiver):
+    def __init__(self, comm, round_, pending, inner: DispatchReceiver | None, topk_ids, num_tokens, rows):
+        super().__init__(comm, round_, "dispatch_sent")
+        self._pending = pending  # the backend's: a Padded (whole), its send's state, or None (derived)
+        self._inner = inner
+        self._topk_ids = topk_ids
+        self._num_tokens = num_tokens
+        self._rows = rows
+
+    @_eager
+    def recv(self) -> PaddedDispatchResult:
+        return self._recv()
+
+    def _recv(self) -> PaddedDispatchResult:
+        self._claim()
+        comm = self._comm
+        if self._inner is not None:
+            result = self._inner._recv()
+            got = from_received(comm.spec, result.tokens, result.scales, result.weights, result.handle)
+        elif isinstance(self._pending, Padded):
+            got = self._pending
+        else:
+            got = self._ending_round_on_error(comm.backend.dispatch_padded_recv, self._pending)
+        comm._phase = "dispatched"
+        handle = PaddedHandle(
+            comm_id=comm.id,
+            round=self._round,
+            spec=comm.spec,
+            num_tokens=self._num_tokens,
+            num_input_rows=self._rows,
+            counts=got.counts,
+            src_token=got.src_token,
+            src_k=got.src_k,
+            topk_ids=self._topk_ids,
+            backend_state=got.backend_state,
+        )
+        return PaddedDispatchResult(got.tokens, got.scales, got.weights, got.counts, got.tokens_per_expert, handle)
 
 
 class CombineReceiver(_Receiver):

@@ -235,12 +235,15 @@ def padded_expected(spec: CommSpec, want: Expected) -> tuple[torch.Tensor, list[
 
 
 def run_padded_case(comm: Communicator, case: Case) -> None:
-    """`dispatch_padded`, the stand-in experts on every slot, `combine_padded`; every output bit
-    checked against the oracle (the padded layout's rows are the contract's rows)."""
+    """`dispatch_padded` (or, for odd seeds, `dispatch_padded_send` + `recv`), the stand-in experts on
+    every slot, `combine_padded`; every output bit checked against the oracle (the padded layout's
+    rows are the contract's rows)."""
     spec, rank, device = comm.spec, comm.rank, comm.device
     groups, mine, n = _case_inputs(comm, case)
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    result = comm.dispatch_padded(to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
+    args = (to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
+    # Odd seeds through the split phases (send, then the receiver's recv), even ones whole.
+    result = comm.dispatch_padded_send(*args).recv() if case.seed % 2 else comm.dispatch_padded(*args)
     want = oracle_dispatch(spec, groups, rank)
     counts, places = padded_expected(spec, want)
     L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens

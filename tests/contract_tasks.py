@@ -63,9 +63,12 @@ def padded_misuse(backend: str, options: dict | None = None) -> int:
     comm.combine(torch.zeros(contiguous.tokens.shape[0], spec.hidden, dtype=spec.out_dtype, device=dev),
                  contiguous.handle)
     stale = res.handle
-    res = comm.dispatch_padded(x, ids, w)
+    receiver = comm.dispatch_padded_send(x, ids, w)
+    _raises(RoundError, "phase 'dispatch_sent'", lambda: comm.dispatch_padded(x, ids, w))
+    res = receiver.recv()
+    _raises(RoundError, "already used", receiver.recv)
     _raises(ValueError, "round", lambda: comm.combine_padded(y, stale))
-    checks += 3
+    checks += 5
     out = comm.combine_padded(y, res.handle)
     assert not out.any(), "zero expert outputs must combine to zeros"
     comm.close()

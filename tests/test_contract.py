@@ -40,7 +40,7 @@ def test_padded_matrix(pool: RankPool, tp_size: int, static: bool) -> None:
 
 
 def test_padded_misuse(pool: RankPool) -> None:
-    assert pool.run(tasks.padded_misuse, "reference") == [11] * pool.world
+    assert pool.run(tasks.padded_misuse, "reference") == [13] * pool.world
 
 
 def test_bad_inputs(pool: RankPool) -> None:

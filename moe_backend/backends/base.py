@@ -108,6 +108,22 @@ class Backend(abc.ABC):
         none for these inputs (the communicator then derives it from the contiguous dispatch)."""
         return None
 
+    def dispatch_padded_send(
+        self,
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        x_scale: torch.Tensor | None,
+        num_tokens: int | torch.Tensor,
+    ) -> Any:
+        """Start a padded dispatch by the backend's own path (state for `dispatch_padded_recv`), or
+        None where it has none (the communicator derives it from the contiguous split phases)."""
+        return None
+
+    def dispatch_padded_recv(self, pending: Any) -> Padded:
+        """Complete the padded dispatch `dispatch_padded_send` started."""
+        raise NotImplementedError(f"the {self.name} backend has no padded dispatch of its own")
+
     def combine_padded(
         self, expert_y: torch.Tensor, handle: PaddedHandle, weights: torch.Tensor | None, out: torch.Tensor
     ) -> torch.Tensor:

@@ -129,6 +129,7 @@ _combine_send = _ops.combine_send.default
 _combine_recv = _ops.combine_recv.default
 _combine_whole = _ops.combine_whole.default
 _pad_dispatch = _ops.pad_dispatch.default
+_pad_recv = _ops.pad_recv.default
 _pad_combine = _ops.pad_combine.default
 
 
@@ -262,20 +263,40 @@ class NvshmemBackend(Backend):
         _combine_whole(expert_y, weights, dep, handle.topk_ids, nt, nh, out, self._ctx)
         return self._combine_done(out)
 
+    def _padded_region(self) -> rt.PadRegion | None:
+        self._claim_arena()
+        return self.arena.padded()  # collective the first time
+
     def dispatch_padded(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Padded | None:
         # The padded kernels (csrc/padded_kernels.cuh): one launch, rows stored straight into their
         # slots at the expert's rank; None where they do not serve (the communicator derives it).
-        self._claim_arena()
-        region = self.arena.padded()  # collective the first time
+        region = self._padded_region()
         if region is None:
             return None
         nt, nh = self._split_n(num_tokens)
-        counts, tpe = _pad_dispatch(x, topk_ids, topk_weights, x_scale, nt, nh, region.id)
+        counts, tpe = _pad_dispatch(x, topk_ids, topk_weights, x_scale, nt, nh, region.id, 3)
+        return self._padded_received(region, counts, tpe, topk_weights is not None)
+
+    def dispatch_padded_send(self, x, topk_ids, topk_weights, x_scale, num_tokens) -> Any:
+        # The same kernel's send alone (it advances the round); dispatch_padded_recv waits.
+        region = self._padded_region()
+        if region is None:
+            return None
+        nt, nh = self._split_n(num_tokens)
+        _pad_dispatch(x, topk_ids, topk_weights, x_scale, nt, nh, region.id, 1)
+        return region, topk_ids, topk_weights is not None
+
+    def dispatch_padded_recv(self, pending) -> Padded:
+        region, like, weighted = pending
+        counts, tpe = _pad_recv(like, region.id)
+        return self._padded_received(region, counts, tpe, weighted)
+
+    def _padded_received(self, region: rt.PadRegion, counts, tpe, weighted: bool) -> Padded:
         self._after_recv()
         return Padded(
             tokens=region.tokens,
             scales=region.scales if self._fp8 else None,
-            weights=region.weights if topk_weights is not None else None,
+            weights=region.weights if weighted else None,
             counts=counts,
             tokens_per_expert=tpe,
             src_token=region.src_token,
@@ -335,9 +356,16 @@ def _register_fakes() -> None:
         return None
 
     @register_fake("moe_backend::pad_dispatch")
-    def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, pad):
+    def _(x, topk_ids, topk_weights, x_scale, num_tokens, n_host, pad, phase):
+        if phase == 1:
+            return []
         L, G = _pad_shape(pad)
         return [x.new_empty(L, G, dtype=torch.int32), x.new_empty(L, dtype=torch.int64)]
+
+    @register_fake("moe_backend::pad_recv")
+    def _(like, pad):
+        L, G = _pad_shape(pad)
+        return [like.new_empty(L, G, dtype=torch.int32), like.new_empty(L, dtype=torch.int64)]
 
     @register_fake("moe_backend::pad_combine")
     def _(expert_y, weights, counts, topk_ids, num_tokens, n_host, out, pad):

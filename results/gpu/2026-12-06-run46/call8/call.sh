@@ -1,10 +1,10 @@
 #!/bin/bash
-# Session 50 (prepared), one GPU, build `padstamps4` (pad4 with MOE_BACKEND_STAMPS=1); carry
-# `.commit .devso/padstamps4.so.gz`. Where the padded kernels' time goes (round 65's open
+# Session 50 (prepared), one GPU, build `padstamps5` (pad5 with MOE_BACKEND_STAMPS=1); carry
+# `.commit .devso/padstamps5.so.gz`. Where the padded kernels' time goes (round 65's open
 # question: 10 us of one block at 1 token): their stamps at world size 1, by default and with
 # PADDED_PARTIALS=1, beside the contiguous ops' cross-rank path (SELF_SEND=1).
 set -u
-source scripts/gpu_call.sh padstamps4
+source scripts/gpu_call.sh padstamps5
 for v in 0 1; do
   step "padded timeline partials=$v" timeline_padded$v.log 120 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=$v \
     python3 scripts/kernel_timeline.py --config deepseek_decode --tokens 1 32 128 --iters 100 --world-size 1 --padded \
