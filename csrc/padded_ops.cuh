@@ -99,6 +99,24 @@ static int pad_blocks(const Params& p, long long items) {
   return (int)std::max(1LL, std::min<long long>(b, p.num_sms));
 }
 
+// One launch of pad_dispatch_kernel: `phase` PAD_SEND and/or PAD_RECV; with PAD_RECV it returns the
+// outputs [counts, tokens_per_expert], else nothing (a send allocates none).
+static std::vector<at::Tensor> launch_pad_dispatch(const PadCtx& px, const Params& p, const PadIn& in, int blocks,
+                                                   size_t smem, int phase, const at::TensorOptions& dev,
+                                                   cudaStream_t stream) {
+  at::Tensor counts, tpe;
+  if (phase & PAD_RECV) {
+    counts = at::empty({p.L, p.G}, dev.dtype(at::kInt));
+    tpe = at::empty({p.L}, dev.dtype(at::kLong));
+  }
+  pad_dispatch_kernel<<<blocks, NTHREADS, smem, stream>>>(
+      p, px.a, in, counts.defined() ? counts.data_ptr<int>() : nullptr,
+      tpe.defined() ? reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()) : nullptr, phase);
+  CUDA_OK(cudaGetLastError());
+  if (!(phase & PAD_RECV)) return {};
+  return {counts, tpe};
+}
+
 // phase 3: a whole dispatch, returns [counts, tokens_per_expert]; 1: the send alone, returns [].
 std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& w,
                                      const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& ntok,
@@ -106,23 +124,16 @@ std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids,
   MOE_CHECK(phase == PAD_SEND || phase == (PAD_SEND | PAD_RECV), "pad_dispatch: phase must be 1 or 3, got ", phase);
   PadCtx& px = PX(pad);
   Ctx& cx = CX(px.ctx);
-  const Params& p = cx.p;
   c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   settle_pending(cx, stream);
-  auto counts = at::empty({p.L, p.G}, ids.options().dtype(at::kInt));
-  auto tpe = at::empty({p.L}, ids.options().dtype(at::kLong));
   const PadIn in{reinterpret_cast<const char*>(x.data_ptr()),
                  scale ? reinterpret_cast<const char*>(scale->data_ptr()) : nullptr,
                  ids.data_ptr<int>(), w ? w->data_ptr<float>() : nullptr,
                  ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0)};
   const long long rows = ntok ? x.size(0) : n_host;
-  const int blocks = pad_blocks(p, std::max<long long>(rows * p.topk, 1));
-  pad_dispatch_kernel<<<blocks, NTHREADS, px.mask_smem, stream>>>(
-      p, px.a, in, counts.data_ptr<int>(), reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()), (int)phase);
-  CUDA_OK(cudaGetLastError());
-  if (phase == PAD_SEND) return {};
-  return {counts, tpe};
+  const int blocks = pad_blocks(cx.p, std::max<long long>(rows * cx.p.topk, 1));
+  return launch_pad_dispatch(px, cx.p, in, blocks, px.mask_smem, (int)phase, ids.options(), stream);
 }
 
 // The receive of a split padded dispatch: waits for this round's count words (the send's round).
@@ -130,15 +141,9 @@ std::vector<at::Tensor> pad_recv(const at::Tensor& like, int64_t pad) {
   PadCtx& px = PX(pad);
   const Params& p = CX(px.ctx).p;
   c10::cuda::CUDAGuard guard(like.device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto counts = at::empty({p.L, p.G}, like.options().dtype(at::kInt));
-  auto tpe = at::empty({p.L}, like.options().dtype(at::kLong));
   const PadIn in{nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0};
   const int blocks = (int)std::min<long long>((p.L + NTHREADS - 1) / NTHREADS, p.num_sms);
-  pad_dispatch_kernel<<<blocks, NTHREADS, 0, stream>>>(p, px.a, in, counts.data_ptr<int>(),
-                                                       reinterpret_cast<long long*>(tpe.data_ptr<int64_t>()), PAD_RECV);
-  CUDA_OK(cudaGetLastError());
-  return {counts, tpe};
+  return launch_pad_dispatch(px, p, in, blocks, 0, PAD_RECV, like.options(), c10::cuda::getCurrentCUDAStream());
 }
 
 void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const at::Tensor& counts,

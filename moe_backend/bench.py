@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .backends import nvshmem_available
+from .backends.nvshmem_runtime import padded_region_bytes
 from .communicator import Communicator
 from .config import BenchPreset
 from .spec import FP8, CommSpec
@@ -32,18 +33,17 @@ from .spec import FP8, CommSpec
 # The split phases (each call timed on its own), then the whole ops as a user calls them
 # (`comm.dispatch`, `comm.combine`: a backend may fuse send and receive), then the split
 # phases' sums, then the padded layout's whole ops (`comm.dispatch_padded`, `comm.combine_padded`)
-# where its receive slots fit PADDED_BENCH_BYTES.
+# where their region fits PADDED_BENCH_BYTES.
 PHASES = ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "dispatch", "combine",
           "dispatch_split", "combine_split", "dispatch_padded", "combine_padded")
 # The padded layout's slots (L * G * M rows) are NVSHMEM symmetric memory: decode sizes only
-# (DeepSeek decode, 128 tokens a rank: ~0.25 GB of fp8 rows; prefill's 4096 would take ~8 GB).
+# (DeepSeek decode, 128 tokens a rank: ~0.26 GB; prefill's 4096 would take ~8 GB).
 PADDED_BENCH_BYTES = 768 << 20
 
 
-def padded_slot_bytes(spec: CommSpec) -> int:
-    """Bytes of the padded layout's receive slots a rank (rows, scales, weights, sources)."""
-    slots = spec.num_local_experts * spec.num_groups * spec.max_num_tokens
-    return slots * (spec.hidden * spec.in_dtype.itemsize + spec.num_scales * 4 + 12)
+def padded_fits(spec: CommSpec) -> bool:
+    """Whether the bench times the padded ops: their region (the nvshmem backend's, per rank) fits."""
+    return padded_region_bytes(spec) <= PADDED_BENCH_BYTES
 
 
 class Clock:
@@ -143,7 +143,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     spec, device = comm.spec, comm.device
     x, ids, weights, scale = make_routing(spec, n, preset.bench.seed, device)
     flag = torch.ones(1, device=device)
-    padded = padded_slot_bytes(spec) <= PADDED_BENCH_BYTES
+    padded = padded_fits(spec)
     samples: dict[str, list[float]] = {p: [] for p in PHASES if padded or not p.endswith("_padded")}
     y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call

@@ -268,14 +268,11 @@ class DispatchReceiver(_Receiver):
         )
 
 
-class PaddedDispatchReceiver(_Receiver):
+class PaddedDispatchReceiver(DispatchReceiver):
     def __init__(self, comm, round_, pending, inner: DispatchReceiver | None, topk_ids, num_tokens, rows):
-        super().__init__(comm, round_, "dispatch_sent")
-        self._pending = pending  # the backend's: a Padded (whole), its send's state, or None (derived)
+        # pending: the backend's Padded (whole), its send's state, or None (derived through `inner`)
+        super().__init__(comm, round_, pending, topk_ids, num_tokens, rows)
         self._inner = inner
-        self._topk_ids = topk_ids
-        self._num_tokens = num_tokens
-        self._rows = rows
 
     @_eager
     def recv(self) -> PaddedDispatchResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_backend.bench import PADDED_BENCH_BYTES, PHASES, padded_slot_bytes
+from moe_backend.bench import PHASES, padded_fits
 from moe_backend.config import BenchPreset, from_dict
 
 
@@ -63,7 +63,7 @@ def test_bench_every_preset_writes_table_and_json(tmp_path: Path) -> None:
         for row in ref:
             each = bench_preset.bench.size_each
             sized = dataclasses.replace(spec, max_num_tokens=row["num_tokens"]) if each else spec
-            fits = padded_slot_bytes(sized) <= PADDED_BENCH_BYTES
+            fits = padded_fits(sized)
             assert set(row["phases"]) == (set(PHASES) if fits else set(PHASES) - padded), preset["preset"]
             assert set(row["host_us"]) == set(PHASES[:6])  # the calls' CPU time, split and whole
             for s in row["phases"].values():

@@ -494,6 +494,11 @@ def padded_partials() -> bool:
     return raw == "1"
 
 
+def _pad_f32_transfer(spec: CommSpec) -> bool:
+    """The padded combine rounds its partials to float32, not out_dtype (combine_in_float32)."""
+    return spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32
+
+
 def padded_region_bytes(spec: CommSpec, partials: bool | None = None) -> int:
     """Symmetric bytes a rank of the padded layout's region (csrc/padded_ops.cuh's pad_layout,
     restated: `moe-backend info` prints it, a GPU test checks it against the kernels' own):
@@ -504,8 +509,7 @@ def padded_region_bytes(spec: CommSpec, partials: bool | None = None) -> int:
     slots = spec.num_local_experts * spec.num_groups * spec.max_num_tokens
     places = spec.max_num_tokens * spec.topk
     out_bytes = spec.hidden * spec.out_dtype.itemsize
-    f32 = spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32
-    part_bytes = spec.hidden * 4 if f32 else out_bytes
+    part_bytes = spec.hidden * 4 if _pad_f32_transfer(spec) else out_bytes
     parts = [slots * spec.hidden * spec.in_dtype.itemsize, slots * spec.num_scales * 4, slots * 4, slots * 8,
              spec.num_local_experts * spec.world_size * 8, places * out_bytes, places * 4, places * 8,
              places * spec.num_groups * 4 if partials else 0,
@@ -523,7 +527,7 @@ class PadRegion:
         L, slots = spec.num_local_experts, spec.num_groups * spec.max_num_tokens
         self.state = torch.zeros(2 + spec.num_experts, dtype=torch.int64, device=arena.device)
         cfg = [spec.hidden * spec.in_dtype.itemsize, spec.num_scales * 4, spec.hidden * spec.out_dtype.itemsize,
-               int(spec.transfer_dtype == torch.float32 and spec.out_dtype != torch.float32), self.state.data_ptr(),
+               int(_pad_f32_transfer(spec)), self.state.data_ptr(),
                int(padded_partials())]
         nbytes = self.bytes = int(o.pad_region_bytes(arena.ctx, cfg))
         self.sym = sym_malloc(nbytes, f"the padded layout of {spec.describe()}")  # collective
