@@ -30,6 +30,7 @@ struct PadArgs {
   int mask_words;      // 32-bit words of a token mask: ceil(M / 32)
   int f32_transfer;    // the partials are rounded to float32, not out_dtype
   int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
+  int send_slices;     // PADDED_PARTIALS' send: a partial's 16-byte chunks cut into this many warp items
   unsigned long long* state;  // [0] latest dispatch round, [1] finished dispatch blocks, [2 + e] expert
                               // e's rows sent this round
 };
@@ -403,31 +404,38 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
   const int chunks = a.part_bytes / 16;
   const int H = a.out_bytes / (int)sizeof(OT);
   const bool weighted = in.w != nullptr;
-  for (int item = gwarp; item < total; item += nwarps) {
-    const int pair = pad_find_pair(pair_first, pairs, item), g = pair % p.G;
-    const long long s = (long long)pair * p.M + (item - pair_first[pair]);
+  // Item (lead slot, slice) a warp: one warp a token's whole partial left most of the GPU idle
+  // (39 us at 1 token, round 66's first build).
+  const int S = a.send_slices, sper = (chunks + S - 1) / S;
+  for (int item = gwarp; item < total * S; item += nwarps) {
+    const int filled = item / S, slice = item - filled * S;
+    const int pair = pad_find_pair(pair_first, pairs, filled), g = pair % p.G;
+    const long long s = (long long)pair * p.M + (filled - pair_first[pair]);
     const int2 tk = meta[s];
     const int mine = lane < p.topk ? tslots[((long long)g * p.M + tk.x) * p.topk + lane] : -1;
     const unsigned here = __ballot_sync(0xffffffffu, mine >= 0);
     if (__ffs(here) - 1 != tk.y) continue;  // another slot of the token leads its partial
-    const int nk = __popc(here);
-    for (int c = lane; c < chunks; c += 32) {
+    const float wmine = weighted && mine >= 0 ? in.w[mine] : 1.0f;
+    const int c1 = min(chunks, (slice + 1) * sper);
+    for (int cb = slice * sper; cb < c1; cb += 32) {
+      const int c = cb + lane;
+      const bool live = c < c1;  // every lane takes the shuffles below (full-mask)
       float acc[VEC];
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
-      unsigned left = here;
-      for (int j = 0; j < nk; ++j) {
+      for (unsigned left = here; left; left &= left - 1) {
         const int k = __ffs(left) - 1;
-        left &= left - 1;
         const int sk = __shfl_sync(0xffffffffu, mine, k);
+        const float wv = __shfl_sync(0xffffffffu, wmine, k);
+        if (!live) continue;
         const YV y = reinterpret_cast<const YV*>(in.y + (long long)sk * a.out_bytes)[c];
-        const float wv = weighted ? in.w[sk] : 1.0f;
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const float yv = pad_to_float(y.v[v]);
           acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv) : yv);
         }
       }
+      if (!live) continue;
       PadVec<XT, VEC> part;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);

@@ -34,7 +34,7 @@ static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
   a.partials = (int)cfg[5];
   a.part_bytes = a.f32_transfer ? p.H * 4 : a.out_bytes;
   a.mask_words = (p.M + 31) / 32;
-  a.slices = 1;
+  a.slices = a.send_slices = 1;
   MOE_CHECK(a.row_bytes % 16 == 0 && a.out_bytes % 16 == 0 && a.scale_bytes % 4 == 0,
             "pad: rows must be multiples of 16 bytes");
   MOE_CHECK(p.topk <= 32, "pad: topk <= 32");
@@ -161,10 +161,15 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
   const long long rows = std::max<long long>(out.size(0), 1);
   const long long chunks = (a.partials ? a.part_bytes : a.out_bytes) / 16;
   a.slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / rows, chunks / 32));
+  // The partials' send likewise, over the filled slots this rank expects (its rows' topk: the
+  // routing's mean), a slice at least a 16-byte chunk a lane.
+  const long long sent = rows * p.topk;
+  a.send_slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / sent, chunks / 32));
   const PadCombIn in{reinterpret_cast<const char*>(y.data_ptr()), w ? w->data_ptr<float>() : nullptr,
                      counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,
                      (int)n_host, (int)out.size(0)};
-  const int blocks = pad_blocks(p, std::max<long long>((long long)p.L * p.G, out.size(0) * (long long)a.slices));
+  const int blocks = pad_blocks(p, std::max({(long long)p.L * p.G, out.size(0) * (long long)a.slices,
+                                               a.partials ? sent * a.send_slices : 0LL}));
   const size_t scan_smem = ((size_t)p.L * p.G + 1) * 4;  // pair_first (pad_create checks it fits)
   auto launch = [&](auto kernel, auto* o) { kernel<<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, o); };
   auto* bf = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
