@@ -20,7 +20,7 @@ struct PadArgs {
   char* base;          // this rank's region
   char* peer[MAXW];    // every rank's region through nvshmem_ptr (this rank's included)
   long long off_tok, off_scale, off_w, off_meta, off_cnt, off_crow, off_cw, off_cflag;
-  long long off_tslots;  // [G, M, topk] int32: source (g, t)'s slot here for each k (-1: not here)
+  long long off_tslots;  // [G, M, topk] round-tagged words: source (g, t)'s slot here for each k (-1: not here)
   long long off_part;    // [W, M] partials of part_bytes, as round-tagged words (twice the bytes)
   int part_bytes;        // hidden * transfer dtype bytes
   int partials;          // combine: a partial per (source token, rank) summed here (PADDED_PARTIALS=1)
@@ -30,7 +30,7 @@ struct PadArgs {
   int mask_words;      // 32-bit words of a token mask: ceil(M / 32)
   int f32_transfer;    // the partials are rounded to float32, not out_dtype
   int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
-  int send_slices;     // PADDED_PARTIALS' send: a partial's 16-byte chunks cut into this many warp items
+  int send_slices;     // PADDED_PARTIALS' send: a token's partial cut into this many warp items
   unsigned long long* state;  // [0] latest dispatch round, [1] finished dispatch blocks, [2 + e] expert
                               // e's rows sent this round
 };
@@ -140,7 +140,9 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
         for (int w = 0; w < (t >> 5); ++w) sk += __popc(mk[w]);
         sk += ((ek - dst * p.L) * p.G + p.group) * p.M;
       }
-      reinterpret_cast<int*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] = sk;
+      // Round-tagged: the combine takes a token's words of this round only (no stale slots).
+      reinterpret_cast<unsigned long long*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] =
+          tag_word((unsigned)sk, round);
     }
     __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
     if (lane == 0) {
@@ -377,44 +379,42 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) PadVec {
   T v[N];
 };
 
-// PADDED_PARTIALS=1: the contiguous combine's structure in the padded layout. A warp per filled slot
-// whose k is its source token's first here (from the dispatch's per-token slot list) sums the
-// token's rows here in k order (float32, weighted: w * y rounded first, no fused multiply-add),
-// rounds the partial to the transfer dtype and stores it as round-tagged words at every rank of
-// the token's group: no flag, no release. The source's warps poll the words of the ranks its
-// token's experts are on and sum them in rank order.
+// PADDED_PARTIALS=1: the contiguous combine's structure in the padded layout. Item (source group g,
+// token t, slice) a warp: the token's slots here come from the dispatch's round-tagged slot words
+// (a token with none this round skips at once: no scan of the counts, no lead slot to find); the
+// warp sums the token's rows here in k order (float32, weighted: w * y rounded first, no fused
+// multiply-add), rounds the partial to the transfer dtype and stores it as round-tagged words at
+// every rank of the token's group: no flag, no release. The source's warps poll the words of the
+// ranks its token's experts are on and sum them in rank order. Items go to warps across blocks
+// first (one token's slices on many SMs).
 template <typename OT, typename XT>
 __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __grid_constant__ Params p,
                                                                         const __grid_constant__ PadArgs a,
                                                                         const __grid_constant__ PadCombIn in,
                                                                         OT* out) {
-  __shared__ int warp_sums[NWARPS];
-  extern __shared__ int pair_first[];  // [L * G + 1]
   stamp_entry(ST_PAD_COMBINE);
   constexpr int VEC = 16 / sizeof(XT);  // elements of a 16-byte transfer chunk (32 bytes tagged)
+  constexpr int BATCH = 8;              // rows' loads in flight before their sums (topk 8: all)
   using YV = PadVec<OT, VEC>;
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int lane = threadIdx.x & 31;
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
-  const int gwarp = (blockIdx.x * blockDim.x + tid) >> 5, nwarps = (gridDim.x * blockDim.x) >> 5;
-  const int2* meta = reinterpret_cast<const int2*>(a.base + a.off_meta);
-  const int* tslots = reinterpret_cast<const int*>(a.base + a.off_tslots);
-  const int pairs = p.L * p.G;
-  const int total = pad_scan_pairs(in.counts, pairs, pair_first, warp_sums);
+  const int gwarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const auto* tslots = reinterpret_cast<const unsigned long long*>(a.base + a.off_tslots);
   stamp_exit(ST_PAD_SCANNED);
   const int chunks = a.part_bytes / 16;
   const int H = a.out_bytes / (int)sizeof(OT);
   const bool weighted = in.w != nullptr;
-  // Item (lead slot, slice) a warp: one warp a token's whole partial left most of the GPU idle
-  // (39 us at 1 token, round 66's first build).
   const int S = a.send_slices, sper = (chunks + S - 1) / S;
-  for (int item = gwarp; item < total * S; item += nwarps) {
-    const int filled = item / S, slice = item - filled * S;
-    const int pair = pad_find_pair(pair_first, pairs, filled), g = pair % p.G;
-    const long long s = (long long)pair * p.M + (filled - pair_first[pair]);
-    const int2 tk = meta[s];
-    const int mine = lane < p.topk ? tslots[((long long)g * p.M + tk.x) * p.topk + lane] : -1;
+  for (int item = gwarp; item < p.G * p.M * S; item += nwarps) {
+    const int gt = item / S, slice = item - gt * S, g = gt / p.M, t = gt - g * p.M;
+    int mine = -1;
+    if (lane < p.topk) {
+      const unsigned long long v = __ldcg(tslots + (long long)gt * p.topk + lane);
+      if (tagged_now(v, round)) mine = (int)(unsigned)v;
+    }
     const unsigned here = __ballot_sync(0xffffffffu, mine >= 0);
-    if (__ffs(here) - 1 != tk.y) continue;  // another slot of the token leads its partial
+    if (!here) continue;
+    const int nk = __popc(here);
     const float wmine = weighted && mine >= 0 ? in.w[mine] : 1.0f;
     const int c1 = min(chunks, (slice + 1) * sper);
     for (int cb = slice * sper; cb < c1; cb += 32) {
@@ -423,16 +423,26 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
       float acc[VEC];
 #pragma unroll
       for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
-      for (unsigned left = here; left; left &= left - 1) {
-        const int k = __ffs(left) - 1;
-        const int sk = __shfl_sync(0xffffffffu, mine, k);
-        const float wv = __shfl_sync(0xffffffffu, wmine, k);
-        if (!live) continue;
-        const YV y = reinterpret_cast<const YV*>(in.y + (long long)sk * a.out_bytes)[c];
+      unsigned left = here;  // the same on every lane
+      for (int j0 = 0; j0 < nk; j0 += BATCH) {
+        YV y[BATCH];
+        float wv[BATCH];
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const float yv = pad_to_float(y.v[v]);
-          acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv) : yv);
+        for (int u = 0; u < BATCH; ++u) {
+          const int k = left ? __ffs(left) - 1 : 0;
+          left &= left - 1;
+          const int sk = __shfl_sync(0xffffffffu, mine, k);
+          wv[u] = __shfl_sync(0xffffffffu, wmine, k);
+          if (live && j0 + u < nk) y[u] = reinterpret_cast<const YV*>(in.y + (long long)sk * a.out_bytes)[c];
+        }
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+          if (!live || j0 + u >= nk) continue;
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            const float yv = pad_to_float(y[u].v[v]);
+            acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv[u]) : yv);
+          }
         }
       }
       if (!live) continue;
@@ -441,7 +451,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
       for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
       const int4 word = *reinterpret_cast<const int4*>(&part);
       for (int j = 0; j < p.tp; ++j) {
-        char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + tk.x) * 2LL * a.part_bytes;
+        char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + t) * 2LL * a.part_bytes;
         st_tagged_int4(dst + (long long)c * 32, word, round);
       }
     }

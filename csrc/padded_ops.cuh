@@ -53,7 +53,7 @@ static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
   a.off_crow = take(places * a.out_bytes);
   a.off_cw = take(places * 4);
   a.off_cflag = take(places * 8);
-  a.off_tslots = take(a.partials ? places * p.G * 4 : 0);
+  a.off_tslots = take(a.partials ? places * p.G * 8 : 0);
   a.off_part = take(a.partials ? (long long)p.W * p.M * 2 * a.part_bytes : 0);
   px.bytes = off;
   px.mask_smem = (size_t)p.E * a.mask_words * 4;
@@ -161,9 +161,9 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
   const long long rows = std::max<long long>(out.size(0), 1);
   const long long chunks = (a.partials ? a.part_bytes : a.out_bytes) / 16;
   a.slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / rows, chunks / 32));
-  // The partials' send likewise, over the filled slots this rank expects (its rows' topk: the
-  // routing's mean), a slice at least a 16-byte chunk a lane.
-  const long long sent = rows * p.topk;
+  // The partials' send likewise, over the source tokens this rank expects (every group's rows as
+  // many as its own), a slice at least a 16-byte chunk a lane.
+  const long long sent = rows * p.G;
   a.send_slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / sent, chunks / 32));
   const PadCombIn in{reinterpret_cast<const char*>(y.data_ptr()), w ? w->data_ptr<float>() : nullptr,
                      counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,

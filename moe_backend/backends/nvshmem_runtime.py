@@ -512,7 +512,7 @@ def padded_region_bytes(spec: CommSpec, partials: bool | None = None) -> int:
     part_bytes = spec.hidden * 4 if _pad_f32_transfer(spec) else out_bytes
     parts = [slots * spec.hidden * spec.in_dtype.itemsize, slots * spec.num_scales * 4, slots * 4, slots * 8,
              spec.num_local_experts * spec.world_size * 8, places * out_bytes, places * 4, places * 8,
-             places * spec.num_groups * 4 if partials else 0,
+             places * spec.num_groups * 8 if partials else 0,
              spec.world_size * spec.max_num_tokens * 2 * part_bytes if partials else 0]
     return sum(up(v) for v in parts)
 
