@@ -27,7 +27,23 @@ def gpus_needed(marker: pytest.Mark, sharing: bool = False) -> int:
     return 1 if sharing and marker.kwargs.get("shared", False) else need
 
 
+def shard(spec: str) -> tuple[int, int] | None:
+    """MOE_TEST_SHARD=i/n (1 <= i <= n): the i-th of n interleaved parts of the collected tests, so a
+    GPU file longer than one device call runs over several; empty: every test."""
+    if not spec:
+        return None
+    parts = spec.split("/")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or not 1 <= int(parts[0]) <= int(parts[1]):
+        raise ValueError(f"MOE_TEST_SHARD must be i/n with 1 <= i <= n, got {spec!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    part = shard(os.environ.get("MOE_TEST_SHARD", ""))
+    if part is not None:
+        i, n = part
+        config.hook.pytest_deselected(items=[t for j, t in enumerate(items) if j % n != i - 1])
+        items[:] = [t for j, t in enumerate(items) if j % n == i - 1]
     have = torch.cuda.device_count()
     sharing = shared_gpu()
     for item in items:

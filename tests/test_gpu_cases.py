@@ -54,3 +54,15 @@ def test_gpu_marker_names_how_many_gpus() -> None:
     assert gpus_needed(pytest.mark.gpu(gpus=4).mark, sharing=True) == 4
     with pytest.raises(ValueError, match="gpus must be an int >= 1"):
         gpus_needed(pytest.mark.gpu(gpus=0).mark)
+
+
+def test_test_shards_split_the_suite_and_refuse_bad_specs() -> None:
+    """MOE_TEST_SHARD=i/n names one of n parts; anything else is refused, naming the variable."""
+    from conftest import shard
+
+    assert shard("") is None
+    assert shard("2/3") == (2, 3)
+    assert shard("1/1") == (1, 1)
+    for bad in ("0/3", "4/3", "3", "a/b", "1/2/3", "-1/2"):
+        with pytest.raises(ValueError, match="MOE_TEST_SHARD must be i/n"):
+            shard(bad)

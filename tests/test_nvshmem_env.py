@@ -94,8 +94,10 @@ def test_padded_kernels_serve_only_where_they_can(monkeypatch) -> None:
 
 
 def test_padded_partials_switch(monkeypatch) -> None:
-    """PADDED_PARTIALS (round 66): off unless 1; any other value refused, naming it."""
+    """PADDED_PARTIALS (rounds 66-67): on unless 0; any other value refused, naming it."""
     monkeypatch.delenv(PREFIX + "PADDED_PARTIALS", raising=False)
+    assert rt.padded_partials() is True
+    monkeypatch.setenv(PREFIX + "PADDED_PARTIALS", "0")
     assert rt.padded_partials() is False
     monkeypatch.setenv(PREFIX + "PADDED_PARTIALS", "1")
     assert rt.padded_partials() is True

@@ -101,8 +101,9 @@ Padded layout (`Communicator.dispatch_padded` / `combine_padded`): on nvlink are
 are multiples of 16 bytes (topk <= 32), two kernels of their own (csrc/padded_kernels.cuh) over a
 region the arena allocates at the first `dispatch_padded` (collective); elsewhere, or with
 `MOE_BACKEND_NVSHMEM_PADDED=0`, the communicator derives the layout from the contiguous ops.
-`MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=1` (off by default, round 66, prepared): the padded combine
-sums each source token's rows on the expert's rank into one partial sent as round-tagged words.
+The padded combine sums each source token's rows on the expert's rank into one partial sent as
+round-tagged words (rounds 66-67); `MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=0` sends every slot's row
+back behind a flag instead.
 """
 
 from __future__ import annotations

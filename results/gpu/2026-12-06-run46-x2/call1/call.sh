@@ -1,16 +1,16 @@
 #!/bin/bash
-# Session 50 (prepared), TWO GPUs, build `pad5` (main48's kernels + the padded layout's, round 66 included);
-# carry `.commit .devso/pad5.so.gz`.
+# Session 50 (prepared; session 51: build `pad8`, rounds 66-67, the padded combine's partials by default),
+# TWO GPUs; carry `.commit .devso/pad8.so.gz`.
 # 1. The padded layout at EP2 on two GPUs (nvlink by the padded kernels; put derived), against the
 #    oracle, CUDA graphs too.
 # 2. DeepSeek decode at EP2, issue 6's method (200 iterations): the padded ops beside the
 #    contiguous ones; the 1-token dispatch target is 10 us (run 43: 11.9 contiguous).
 set -u
-source scripts/gpu_call.sh pad5
+source scripts/gpu_call.sh pad8
 step "padded EP2" tests_padded.log 200 python3 -m pytest -q -m gpu -rA -x tests/gpu/test_nvshmem.py -k padded
 step "decode bench EP2" bench_decode.log 200 python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem \
   --out "$raw/decode.json"
 tail -14 "$raw/bench_decode.log"
-step "decode bench EP2 partials" bench_decode_partials.log 200 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=1 \
-  python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --out "$raw/decode_partials.json"
-tail -14 "$raw/bench_decode_partials.log"
+step "decode bench EP2 per-row flags" bench_decode_flags.log 200 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=0 \
+  python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --out "$raw/decode_flags.json"
+tail -14 "$raw/bench_decode_flags.log"

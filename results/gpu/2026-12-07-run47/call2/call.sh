@@ -1,10 +1,10 @@
 #!/bin/bash
-# Session 51, one GPU, build `padstamps6` (pad6 with MOE_BACKEND_STAMPS=1); carry
-# `.commit .devso/padstamps6.so.gz`. Where the padded kernels' time goes (round 65's open
+# Session 51 (prepared), one GPU, build `padstamps8` (pad8 with MOE_BACKEND_STAMPS=1: `scripts/build_device_extension.sh padstamps8 MOE_BACKEND_STAMPS=1`); carry
+# `.commit .devso/padstamps8.so.gz`. Where the padded kernels' time goes (round 65's open
 # question: 10 us of one block at 1 token): their stamps at world size 1, by default and with
 # PADDED_PARTIALS=1, beside the contiguous ops' cross-rank path (SELF_SEND=1).
 set -u
-source scripts/gpu_call.sh padstamps6
+source scripts/gpu_call.sh padstamps8
 for v in 0 1; do
   step "padded timeline partials=$v" timeline_padded$v.log 120 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=$v \
     python3 scripts/kernel_timeline.py --config deepseek_decode --tokens 1 32 128 --iters 100 --world-size 1 --padded \
