@@ -105,8 +105,10 @@ class Backend(abc.ABC):
         num_tokens: int | torch.Tensor,
     ) -> Padded | None:
         """A whole dispatch into the padded layout by the backend's own path, or None where it has
-        none for these inputs (the communicator then derives it from the contiguous dispatch)."""
-        return None
+        none for these inputs (the communicator then derives it from the contiguous dispatch): a
+        backend may do it in fewer steps than its send and receive."""
+        pending = self.dispatch_padded_send(x, topk_ids, topk_weights, x_scale, num_tokens)
+        return None if pending is None else self.dispatch_padded_recv(pending)
 
     def dispatch_padded_send(
         self,
