@@ -129,20 +129,25 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = in.w[i];
       reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
     }
-    if (a.partials && lane < p.topk) {
-      // The token's slot here for every k (the same row from each of its warps to this rank), so
-      // the combine can sum the token's rows here into one partial.
-      const int ek = in.ids[t * p.topk + lane];
-      int sk = -1;
-      if (ek >= 0 && ek < p.E && ek / p.L == dst) {
-        const unsigned* mk = pad_mask + ek * W;
-        sk = __popc(mk[t >> 5] & ((1u << (t & 31)) - 1u));
-        for (int w = 0; w < (t >> 5); ++w) sk += __popc(mk[w]);
-        sk += ((ek - dst * p.L) * p.G + p.group) * p.M;
+    if (a.partials) {
+      // The token's slot here for every k, so the combine can sum the token's rows here into one
+      // partial: written by the warp of the token's first k at this rank alone (the same words
+      // came from each of its warps to this rank before).
+      const int ek = lane < p.topk ? in.ids[t * p.topk + lane] : -1;
+      const bool at_dst = ek >= 0 && ek < p.E && ek / p.L == dst;
+      const unsigned here = __ballot_sync(0xffffffffu, at_dst);
+      if (__ffs(here) - 1 == k && lane < p.topk) {
+        int sk = -1;
+        if (at_dst) {
+          const unsigned* mk = pad_mask + ek * W;
+          sk = __popc(mk[t >> 5] & ((1u << (t & 31)) - 1u));
+          for (int w = 0; w < (t >> 5); ++w) sk += __popc(mk[w]);
+          sk += ((ek - dst * p.L) * p.G + p.group) * p.M;
+        }
+        // Round-tagged: the combine takes a token's words of this round only (no stale slots).
+        reinterpret_cast<unsigned long long*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] =
+            tag_word((unsigned)sk, round);
       }
-      // Round-tagged: the combine takes a token's words of this round only (no stale slots).
-      reinterpret_cast<unsigned long long*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] =
-          tag_word((unsigned)sk, round);
     }
     __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
     if (lane == 0) {

@@ -171,7 +171,9 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
                      (int)n_host, (int)out.size(0)};
   const int blocks = pad_blocks(p, std::max({(long long)p.L * p.G, out.size(0) * (long long)a.slices,
                                                a.partials ? sent * a.send_slices : 0LL}));
-  const size_t scan_smem = ((size_t)p.L * p.G + 1) * 4;  // pair_first (pad_create checks it fits)
+  // The per-row flags' combine scans the counts into pair_first (pad_create checks it fits); the
+  // partials' combine takes its items from the dispatch's slot words, no scan.
+  const size_t scan_smem = a.partials ? 0 : ((size_t)p.L * p.G + 1) * 4;
   auto launch = [&](auto kernel, auto* o) { kernel<<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, o); };
   auto* bf = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
   auto* hf = reinterpret_cast<__half*>(out.data_ptr());
