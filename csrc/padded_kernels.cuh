@@ -31,6 +31,7 @@ struct PadArgs {
   int f32_transfer;    // the partials are rounded to float32, not out_dtype
   int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
   int send_slices;     // PADDED_PARTIALS' send: a token's partial cut into this many warp items
+  int row_slices;      // dispatch: a row's 16-byte vectors cut into this many warp items
   unsigned long long* state;  // [0] latest dispatch round, [1] finished dispatch blocks, [2 + e] expert
                               // e's rows sent this round
 };
@@ -110,9 +111,11 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     const unsigned* m = pad_mask + e * W;
     if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
   }
-  // Rows: item (t, k) a warp.
+  // Rows: item (t, k, slice) a warp; slice 0 also stores the row's scales, weight and meta.
   const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
-  for (int i = gwarp; i < n * p.topk; i += nwarps) {
+  const int S = a.row_slices, vecs = a.row_bytes >> 4, per = (vecs + S - 1) / S;
+  for (int item = gwarp; item < n * p.topk * S; item += nwarps) {
+    const int i = item / S, slice = item - i * S;
     const int t = i / p.topk, k = i - t * p.topk;
     const int e = in.ids[i];
     if (t % p.tp != p.replica || e < 0 || e >= p.E) continue;
@@ -122,14 +125,17 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     const int dst = e / p.L, l = e - dst * p.L;
     const long long s = ((long long)l * p.G + p.group) * p.M + slot;
     char* base = a.peer[dst];
-    warp_copy(base + a.off_tok + s * a.row_bytes, in.x + (long long)t * a.row_bytes, a.row_bytes, lane);
-    if (in.scale) warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes,
-                            a.scale_bytes, lane);
-    if (lane == 0) {
+    const int v0 = slice * per, v1 = min(vecs, v0 + per);
+    if (v1 > v0)
+      warp_copy(base + a.off_tok + s * a.row_bytes + v0 * 16LL, in.x + (long long)t * a.row_bytes + v0 * 16LL,
+                (v1 - v0) * 16, lane);
+    if (slice == 0 && in.scale)
+      warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes, a.scale_bytes, lane);
+    if (slice == 0 && lane == 0) {
       if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = in.w[i];
       reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
     }
-    if (a.partials) {
+    if (slice == 0 && a.partials) {
       // The token's slot here for every k, so the combine can sum the token's rows here into one
       // partial: written by the warp of the token's first k at this rank alone (the same words
       // came from each of its warps to this rank before).
@@ -151,15 +157,15 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     }
     __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
     if (lane == 0) {
-      // The expert's last row raises its count: the counter's acq_rel (system scope) puts every
-      // warp's rows of that expert before the count's release. An expert of one row here (every
-      // expert of a 1-token call) needs no counter.
-      const unsigned mine = pad_mine(m, W, p.tp, p.replica);
+      // The expert's last row slice raises its count: the counter's acq_rel (system scope) puts
+      // every warp's slices of that expert before the count's release. An expert of one item here
+      // (a 1-token call's expert when rows are not cut) needs no counter.
+      const unsigned long long items = (unsigned long long)pad_mine(m, W, p.tp, p.replica) * S;
       unsigned long long done = 0;
-      if (mine > 1)
+      if (items > 1)
         asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
-      if (done + 1 == mine) {
-        if (mine > 1) a.state[2 + e] = 0;  // no other warp touches it again this round
+      if (done + 1 == items) {
+        if (items > 1) a.state[2 + e] = 0;  // no other warp touches it again this round
         pad_send_count<true>(p, a, e, pad_total(m, W), round);
       }
     }

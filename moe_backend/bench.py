@@ -474,11 +474,11 @@ def machine_info() -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"== {report['preset']}: {report['spec']}"
              + (f"; GPU-to-GPU copy {report['copy_rate_gbps']:.0f} GB/s" if report.get("copy_rate_gbps") else "")]
-    head = f"{'backend':<26}{'tokens':>7}" + "".join(f"{p:>15}" for p in PHASES) + f"{'vs ref':>8}{'%copy d/c':>12}"
+    head = f"{'backend':<26}{'tokens':>7}" + "".join(f"{p:>16}" for p in PHASES) + f"{'vs ref':>8}{'%copy d/c':>12}"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
         ph = row["phases"]
-        cells = "".join(f"{ph[p]['median']:>15.1f}" if p in ph else f"{'-':>15}" for p in PHASES)
+        cells = "".join(f"{ph[p]['median']:>16.1f}" if p in ph else f"{'-':>16}" for p in PHASES)
         speed = f"{row['speedup_vs_reference']:>7.2f}x" if "speedup_vs_reference" in row else f"{'':>8}"
         frac = row.get("fraction_of_copy_rate")
         fr = f"{100 * frac['dispatch']:>5.0f}/{100 * frac['combine']:<5.0f}" if frac and len(frac) == 2 else f"{'':>11}"
