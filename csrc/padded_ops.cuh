@@ -132,12 +132,14 @@ std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids,
                  ids.data_ptr<int>(), w ? w->data_ptr<float>() : nullptr,
                  ntok ? ntok->data_ptr<int>() : nullptr, (int)n_host, (int)x.size(0)};
   const long long rows = std::max<long long>((ntok ? x.size(0) : n_host) * cx.p.topk, 1);
-  // Each row cut into slices (a warp each) until the call fills the arena's SMs, no more slices
-  // than passes of warp_copy (128 vectors: 4 loads a lane in flight). Run 48 call 3: a warp a row
-  // took 4.6 us of the 1-token dispatch's 6.3 (7 passes, each waiting on its loads).
+  // Calls of at least a row per SM: each row cut into slices (a warp each) until the call fills
+  // the arena's SMs, no more slices than passes of warp_copy (128 vectors: 4 loads a lane in
+  // flight). Run 48 call 4 (H200): 7 slices took the 32-token padded dispatch from 10.8 to 10.1 us;
+  // at 1 token (8 rows) they cost 0.6 (the rows phase did not shrink, the experts took counters).
   PadArgs a = px.a;
-  a.row_slices = (int)std::max(1LL, std::min<long long>((long long)cx.p.num_sms * NWARPS / rows,
-                                                         (a.row_bytes / 16 + 127) / 128));
+  a.row_slices = rows < cx.p.num_sms ? 1
+                 : (int)std::max(1LL, std::min<long long>((long long)cx.p.num_sms * NWARPS / rows,
+                                                           (a.row_bytes / 16 + 127) / 128));
   const int blocks = pad_blocks(cx.p, rows * a.row_slices);
   return launch_pad_dispatch(a, cx.p, in, blocks, px.mask_smem, (int)phase, ids.options(), stream);
 }
