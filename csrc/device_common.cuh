@@ -338,9 +338,10 @@ enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_I
              ST_CSEND_SUMMED, ST_CSEND_FENCED, ST_CSEND_LOOP, ST_CSEND_ROWS, ST_SEND_TABLE, ST_DIRECT_ROWS,
              ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, ST_PLAN_SUMMED, ST_PLAN_SCANNED,
              // the padded kernels (padded_kernels.cuh): the dispatch, its masks built, its rows and
-             // counts stored, its counts seen; the combine, its pair scan, its send items done
+             // counts stored, its counts seen; the combine, its pair scan, its send items done; the
+             // dispatch's counts of empty experts stored, a row slice's copy issued
              ST_PAD_DISPATCH, ST_PAD_MASKS, ST_PAD_ROWS, ST_PAD_COUNTS, ST_PAD_COMBINE, ST_PAD_SCANNED, ST_PAD_SENT,
-             NSTAMP };
+             ST_PAD_EMPTY_COUNTS, ST_PAD_COPIED, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
 // Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the

@@ -111,6 +111,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     const unsigned* m = pad_mask + e * W;
     if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
   }
+  stamp_exit(ST_PAD_EMPTY_COUNTS);
   // Rows: item (t, k, slice) a warp; slice 0 also stores the row's scales, weight and meta.
   const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
   const int S = a.row_slices, vecs = a.row_bytes >> 4, per = (vecs + S - 1) / S;
@@ -129,6 +130,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     if (v1 > v0)
       warp_copy(base + a.off_tok + s * a.row_bytes + v0 * 16LL, in.x + (long long)t * a.row_bytes + v0 * 16LL,
                 (v1 - v0) * 16, lane);
+    stamp_exit(ST_PAD_COPIED);
     if (slice == 0 && in.scale)
       warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes, a.scale_bytes, lane);
     if (slice == 0 && lane == 0) {
