@@ -97,34 +97,28 @@ class Expected:
 
 
 def oracle_dispatch(spec: CommSpec, groups: list[GroupInputs], rank: int) -> Expected:
-    """What `rank` must receive, by the contract's loops."""
+    """What `rank` must receive, by the contract's loops: each local expert's rows, in group order
+    and each group's token order, a token's row at its first k for that expert."""
     L = spec.num_local_experts
-    rows, scales, weights, meta, counts = [], [], [], [], []
-    for e in range(L):
-        expert = rank * L + e
-        count = 0
-        for g, inp in enumerate(groups):
-            for t in range(inp.num_tokens):
-                hits = (inp.topk_ids[t] == expert).nonzero()
-                if hits.numel() == 0:
-                    continue
-                k = int(hits[0, 0])
-                rows.append(inp.x[t])
-                if inp.x_scale is not None:
-                    scales.append(inp.x_scale[t])
-                if inp.topk_weights is not None:
-                    weights.append(inp.topk_weights[t, k])
-                meta.append((g, t, k))
-                count += 1
-        counts.append(count)
+    first = rank * L
+    hits: list[list[tuple[int, int, int]]] = [[] for _ in range(L)]  # per local expert: (g, t, k)
+    for g, inp in enumerate(groups):
+        for t, row in enumerate(inp.topk_ids[: inp.num_tokens].tolist()):
+            for k, expert in enumerate(row):
+                if first <= expert < first + L and row.index(expert) == k:
+                    hits[expert - first].append((g, t, k))
+    meta = [hit for expert_hits in hits for hit in expert_hits]
+    has_scales, has_weights = groups[0].x_scale is not None, groups[0].topk_weights is not None
+    rows = [groups[g].x[t] for g, t, _ in meta]
+    scales = [groups[g].x_scale[t] for g, t, _ in meta] if has_scales else []
+    weights = [groups[g].topk_weights[t, k] for g, t, k in meta] if has_weights else []
     empty = torch.empty(0, spec.hidden, dtype=spec.in_dtype)
     m = torch.tensor(meta, dtype=torch.int32).reshape(-1, 3)
-    has_weights = groups[0].topk_weights is not None
     return Expected(
         tokens=torch.stack(rows) if rows else empty,
         scales=(torch.stack(scales) if scales else torch.empty(0, spec.num_scales)) if spec.in_dtype == FP8 else None,
         weights=(torch.stack(weights) if weights else torch.empty(0)) if has_weights else None,
-        tokens_per_expert=torch.tensor(counts, dtype=torch.int64),
+        tokens_per_expert=torch.tensor([len(h) for h in hits], dtype=torch.int64),
         src_group=m[:, 0],
         src_token=m[:, 1],
         src_k=m[:, 2],
@@ -137,11 +131,11 @@ def oracle_combine(spec: CommSpec, groups: list[GroupInputs], group: int, weight
     L = spec.num_local_experts
     out = torch.zeros(inp.x.shape[0], spec.hidden, dtype=spec.out_dtype)
     for t in range(inp.num_tokens):
+        experts = inp.topk_ids[t].tolist()
         total = torch.zeros(spec.hidden, dtype=torch.float32)
         for r in range(spec.world_size):
             acc = None
-            for k in range(spec.topk):
-                expert = int(inp.topk_ids[t, k])
+            for k, expert in enumerate(experts):
                 if expert < 0 or expert // L != r:
                     continue
                 y = expert_fn(inp.x[t][None], torch.tensor([expert]), spec.out_dtype)[0].float()
