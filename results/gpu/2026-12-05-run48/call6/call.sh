@@ -1,11 +1,15 @@
 #!/bin/bash
-# Session 52 (prepared, not run), one GPU, build `padstamps12` (main's kernels, round 69's rule,
-# with MOE_BACKEND_STAMPS=1 and two more padded stamps: the empty experts' counts stored, a row
-# slice's copy issued); carry `.commit .devso/padstamps12.so.gz`.
-# Where a 1-token padded dispatch's rows phase goes (run 48 calls 3-4: 4.6 of the kernel's 6.3 us,
-# as long with one pass of loads a warp as with seven): masks -> empty counts -> copies issued ->
-# rows done (slot words, the count's release) -> counts seen. Partials (default) and not; the
-# contiguous cross-rank path beside it.
+# Session 52 (prepared, not run), one GPU; carry `.commit .devso/padstamps12.so.gz
+# .devso/main52.so.gz .devso/pad12.so.gz`. Builds: `padstamps12` and `main52` from main at dca45f9
+# (main's kernels, round 69's rule; the stamps build with MOE_BACKEND_STAMPS=1 and two more padded
+# stamps: the empty experts' counts stored, a row slice's copy issued); `pad12` from branch
+# `round70` (cecb8f0: the padded dispatch's per-expert counter at GPU scope for experts on this GPU).
+# 1. Where a 1-token padded dispatch's rows phase goes (run 48 calls 3-4: 4.6 of the kernel's
+#    6.3 us, as long with one pass of loads a warp as with seven): masks -> empty counts -> copies
+#    issued -> rows done (slot words, counter, the count's release) -> counts seen.
+# 2. Round 70: the one-GPU padded tests on pad12, then the decode bench (SELF_SEND=1) main52, pad12,
+#    main52. Predicted: pad12 at or below main52 at 32 and 128 tokens (experts of several rows take
+#    the counter; at world size 1 all are on this GPU); equal at 1 token (no slices, no counter).
 set -u
 source scripts/gpu_call.sh padstamps12
 for v in 1 0; do
@@ -14,3 +18,15 @@ for v in 1 0; do
     --out "$raw/timeline_padded$v.json"
   grep -E "tokens per rank|dispatch" "$raw/timeline_padded$v.log" | head -30
 done
+MOE_BACKEND_DEVSO=pad12 source scripts/gpu_devso.sh
+step "padded one GPU pad12" tests_padded_single.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem_single.py -k padded
+bench() {  # BUILD TAG
+  MOE_BACKEND_DEVSO=$1 source scripts/gpu_devso.sh
+  step "decode bench ws1 $1 $2" bench_$1$2.log 60 env ${N}_SELF_SEND=1 \
+    python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 \
+    --out "$raw/decode_ws1_$1$2.json"
+  grep -E "^nvshmem" "$raw/bench_$1$2.log"
+}
+bench main52 a
+bench pad12 ""
+bench main52 b
