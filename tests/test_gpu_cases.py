@@ -20,6 +20,8 @@ def test_random_cases_fit_the_world(world: int) -> None:
     assert all(c.spec.num_experts % (world // c.spec.tp_size) == 0 for c in cases)
     tps = {c.spec.tp_size for c in cases}
     assert tps == ({1, 2, 4} if world >= 4 else {1, 2}), tps
+    # Replicas whose rows take the padded dispatch's slices (more than one 2 KB copy pass a row).
+    assert any(c.spec.tp_size > 1 and c.spec.hidden * c.spec.in_dtype.itemsize > 2048 for c in cases)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

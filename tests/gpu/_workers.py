@@ -92,6 +92,10 @@ def random_cases(seed: int, count: int, world: int = 2, sources: int | None = No
         cases.append(Case(CommSpec(16, 4, 1024, tokens(1100, world // 2), world, tp_size=2, in_dtype=FP8,
                                    scale_block_size=128, out_dtype=torch.float16, combine_in_float32=True),
                           "skewed", seed * 1000 + 997, True, "int"))
+        # Replicas with rows of two 128-vector copy passes: the padded dispatch's row slices where
+        # a replica sends every other token (round 69).
+        cases.append(Case(CommSpec(4 * world, 4, 2048, 48, world, tp_size=2), "uniform", seed * 1000 + 994, True,
+                          "tensor"))
     if world % 4 == 0:  # four replicas per group, at least once
         cases.append(Case(CommSpec(8 * world, 4, 256, 40, world, tp_size=4), "uniform", seed * 1000 + 995, True, "int"))
     return cases
