@@ -121,8 +121,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     const int e = in.ids[i];
     if (t % p.tp != p.replica || e < 0 || e >= p.E) continue;
     const unsigned* m = pad_mask + e * W;
-    int slot = __popc(m[t >> 5] & ((1u << (t & 31)) - 1u));
-    for (int w = 0; w < (t >> 5); ++w) slot += __popc(m[w]);
+    const int slot = bit_rank(m, 0, 1, t);
     const int dst = e / p.L, l = e - dst * p.L;
     const long long s = ((long long)l * p.G + p.group) * p.M + slot;
     char* base = a.peer[dst];
@@ -145,13 +144,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       const bool at_dst = ek >= 0 && ek < p.E && ek / p.L == dst;
       const unsigned here = __ballot_sync(0xffffffffu, at_dst);
       if (__ffs(here) - 1 == k && lane < p.topk) {
-        int sk = -1;
-        if (at_dst) {
-          const unsigned* mk = pad_mask + ek * W;
-          sk = __popc(mk[t >> 5] & ((1u << (t & 31)) - 1u));
-          for (int w = 0; w < (t >> 5); ++w) sk += __popc(mk[w]);
-          sk += ((ek - dst * p.L) * p.G + p.group) * p.M;
-        }
+        const int sk = at_dst ? bit_rank(pad_mask + ek * W, 0, 1, t, ((ek - dst * p.L) * p.G + p.group) * p.M) : -1;
         // Round-tagged: the combine takes a token's words of this round only (no stale slots).
         reinterpret_cast<unsigned long long*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] =
             tag_word((unsigned)sk, round);
