@@ -7,6 +7,9 @@
 #   step NAME LOG LIMIT CMD...   runs CMD for at most LIMIT seconds, its output into $raw/LOG,
 #         prints NAME's exit status, the seconds since the call began and the log's test summary
 #         lines, then packs: a call cut short still returns every finished step.
+#   use_build NAME   puts another carried build, .devso/NAME.so, in place for the steps after it.
+#   decode_bench_ws1 BUILD [TAG]   a step: DeepSeek decode at world size 1 on BUILD, the contiguous
+#         ops through their cross-rank path (SELF_SEND=1), into $raw/decode_ws1_BUILDTAG.json.
 for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 export MOE_BACKEND_DEVSO=$1 MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 raw=$OUT/raw
@@ -24,4 +27,15 @@ step() {
   grep -E "PASSED|FAILED|ERROR|[0-9]+ (passed|failed)" "$log" | tail -8
   pack
   return 0
+}
+use_build() {
+  MOE_BACKEND_DEVSO=$1
+  source scripts/gpu_devso.sh
+}
+decode_bench_ws1() {
+  local name=$1${2:-}
+  use_build "$1"
+  step "decode bench ws1 $name" "bench_$name.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
+    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --out "$raw/decode_ws1_$name.json"
+  grep -E "^nvshmem" "$raw/bench_$name.log"
 }

@@ -160,6 +160,33 @@ def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
         assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]
 
 
+def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
+    """`use_build NAME` hands NAME to gpu_devso.sh (which puts .devso/NAME.so in place);
+    `decode_bench_ws1 BUILD TAG` does so and runs the world-size-1 decode bench as a step, its
+    log and JSON named BUILDTAG, the contiguous ops through their cross-rank path."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    (repo / "scripts").mkdir(parents=True)
+    out.mkdir()
+    (repo / "scripts" / "gpu_call.sh").write_text((ROOT / "scripts" / "gpu_call.sh").read_text())
+    (repo / "scripts" / "gpu_env.sh").write_text("true\n")
+    (repo / "scripts" / "gpu_devso.sh").write_text('echo "devso $MOE_BACKEND_DEVSO" >> devso.txt\n')
+    (repo / "bin").mkdir()
+    fake = repo / "bin" / "python3"  # records the bench's arguments and environment
+    fake.write_text('#!/bin/bash\necho "nvshmem $MOE_BACKEND_DEVSO SELF_SEND=$MOE_BACKEND_NVSHMEM_SELF_SEND $*"\n')
+    fake.chmod(0o755)
+    script = "set -u; source scripts/gpu_call.sh a; use_build b; decode_bench_ws1 c x\n"
+    done = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
+    assert done.returncode == 0, done
+    assert (repo / "devso.txt").read_text().splitlines() == ["devso b", "devso c"]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("decode bench ws1 cx rc 0 at "), lines
+    bench = lines[-1]
+    assert bench.startswith("nvshmem c SELF_SEND=1 -m moe_backend.cli bench --config deepseek_decode"), bench
+    assert "--world-size 1" in bench and bench.endswith(f"--out {out}/raw/decode_ws1_cx.json"), bench
+    assert (out / "raw" / "bench_cx.log").exists()
+
+
 def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
     """`--overlap N...` profiles the overlap row (sweep preset, matmul between send and receive)
     at those token counts instead of the decode and prefill cases; the preset filter applies."""

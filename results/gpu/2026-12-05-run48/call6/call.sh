@@ -18,15 +18,8 @@ for v in 1 0; do
     --out "$raw/timeline_padded$v.json"
   grep -E "tokens per rank|dispatch" "$raw/timeline_padded$v.log" | head -30
 done
-MOE_BACKEND_DEVSO=pad12 source scripts/gpu_devso.sh
+use_build pad12
 step "padded one GPU pad12" tests_padded_single.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem_single.py -k padded
-bench() {  # BUILD TAG
-  MOE_BACKEND_DEVSO=$1 source scripts/gpu_devso.sh
-  step "decode bench ws1 $1 $2" bench_$1$2.log 60 env ${N}_SELF_SEND=1 \
-    python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 \
-    --out "$raw/decode_ws1_$1$2.json"
-  grep -E "^nvshmem" "$raw/bench_$1$2.log"
-}
-bench main52 a
-bench pad12 ""
-bench main52 b
+decode_bench_ws1 main52 a
+decode_bench_ws1 pad12
+decode_bench_ws1 main52 b
