@@ -157,7 +157,11 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       // (a 1-token call's expert when rows are not cut) needs no counter.
       const unsigned long long items = (unsigned long long)pad_mine(m, W, p.tp, p.replica) * S;
       unsigned long long done = 0;
-      if (items > 1)
+      // GPU scope where the expert is on this GPU (its rows and count are read here only, as the
+      // count's own release); system scope where the rows crossed to a peer.
+      if (items > 1 && dst == p.rank)
+        asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
+      else if (items > 1)
         asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
       if (done + 1 == items) {
         if (items > 1) a.state[2 + e] = 0;  // no other warp touches it again this round
