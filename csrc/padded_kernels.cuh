@@ -106,41 +106,46 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
   }
   __syncthreads();
   stamp_exit(ST_PAD_MASKS);
-  // Experts none of whose rows this replica sends: their counts go at once.
-  for (int e = gthread; e < p.E; e += nthreads) {
-    const unsigned* m = pad_mask + e * W;
-    if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
-  }
-  stamp_exit(ST_PAD_EMPTY_COUNTS);
   // Rows: item (t, k, slice) a warp; slice 0 also stores the row's scales, weight and meta.
   const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
   const int S = a.row_slices, vecs = a.row_bytes >> 4, per = (vecs + S - 1) / S;
+  // Scales of at most 512 bytes (a multiple of 16) ride as one vector a lane, loaded with the row.
+  const bool scale_vec = in.scale && (a.scale_bytes & 15) == 0 && a.scale_bytes <= 512;
   for (int item = gwarp; item < n * p.topk * S; item += nwarps) {
     const int i = item / S, slice = item - i * S;
     const int t = i / p.topk, k = i - t * p.topk;
-    const int e = in.ids[i];
-    if (t % p.tp != p.replica || e < 0 || e >= p.E) continue;
+    if (t % p.tp != p.replica) continue;
+    // Lane j holds the token's j-th expert (the partials' words need them all): one load a warp.
+    const int ek = lane < p.topk ? in.ids[t * p.topk + lane] : -1;
+    const int e = __shfl_sync(0xffffffffu, ek, k);
+    if (e < 0 || e >= p.E) continue;
     const unsigned* m = pad_mask + e * W;
     const int slot = bit_rank(m, 0, 1, t);
     const int dst = e / p.L, l = e - dst * p.L;
     const long long s = ((long long)l * p.G + p.group) * p.M + slot;
     char* base = a.peer[dst];
+    // The slot's small words are loaded before the row's vectors: one load latency for all of them.
+    const bool lead = slice == 0;
+    const bool scale_lane = lead && scale_vec && lane * 16 < a.scale_bytes;
+    int4 sv{};
+    if (scale_lane) sv = reinterpret_cast<const int4*>(in.scale + (long long)t * a.scale_bytes)[lane];
+    const float wv = lead && in.w && lane == 0 ? in.w[i] : 0.f;
     const int v0 = slice * per, v1 = min(vecs, v0 + per);
     if (v1 > v0)
-      warp_copy(base + a.off_tok + s * a.row_bytes + v0 * 16LL, in.x + (long long)t * a.row_bytes + v0 * 16LL,
-                (v1 - v0) * 16, lane);
+      warp_copy_wide<16>(base + a.off_tok + s * a.row_bytes + v0 * 16LL, in.x + (long long)t * a.row_bytes + v0 * 16LL,
+                         (v1 - v0) * 16, lane);
     stamp_exit(ST_PAD_COPIED);
-    if (slice == 0 && in.scale)
+    if (scale_lane) reinterpret_cast<int4*>(base + a.off_scale + s * a.scale_bytes)[lane] = sv;
+    else if (lead && in.scale && !scale_vec)
       warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes, a.scale_bytes, lane);
-    if (slice == 0 && lane == 0) {
-      if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = in.w[i];
+    if (lead && lane == 0) {
+      if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = wv;
       reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
     }
-    if (slice == 0 && a.partials) {
+    if (lead && a.partials) {
       // The token's slot here for every k, so the combine can sum the token's rows here into one
       // partial: written by the warp of the token's first k at this rank alone (the same words
       // came from each of its warps to this rank before).
-      const int ek = lane < p.topk ? in.ids[t * p.topk + lane] : -1;
       const bool at_dst = ek >= 0 && ek < p.E && ek / p.L == dst;
       const unsigned here = __ballot_sync(0xffffffffu, at_dst);
       if (__ffs(here) - 1 == k && lane < p.topk) {
@@ -170,6 +175,13 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     }
   }
   stamp_exit(ST_PAD_ROWS);
+  // Experts none of whose rows this replica sends: their counts, after the rows and from the grid's
+  // last threads (a small call's warps with no row item), so they do not hold back the first rows.
+  for (int e = nthreads - 1 - gthread; e < p.E; e += nthreads) {
+    const unsigned* m = pad_mask + e * W;
+    if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
+  }
+  stamp_exit(ST_PAD_EMPTY_COUNTS);
 }
 
 // Send then receive in the same blocks (the grid fits the GPU at once: every block is resident,

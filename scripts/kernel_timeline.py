@@ -51,7 +51,7 @@ DISPATCH = ["send", "table_masks", "table_entries", "send_table", "recv_start", 
             "plan_summed", "plan_scanned", "direct_rows", "direct_copied", "copy"]
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
-PADDED_DISPATCH = ["pad_dispatch", "pad_masks", "pad_empty_counts", "pad_copied", "pad_rows",
+PADDED_DISPATCH = ["pad_dispatch", "pad_masks", "pad_copied", "pad_rows", "pad_empty_counts",
                    "pad_counts"]  # --padded: dispatch_padded
 PADDED_COMBINE = ["pad_combine", "pad_scanned", "pad_sent"]  # and combine_padded
 # stamps that record one moment (the latest over warps), not a kernel
