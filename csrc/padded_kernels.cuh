@@ -91,8 +91,11 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
 
 // The send: every block builds the routing's token masks per expert in shared memory; the counts
 // of experts with no row of this replica go at once; a warp per (t, k) stores the row into its slot.
+// `local_unordered`: this kernel also receives, so this GPU's experts' rows are read only after it
+// ends (stream order makes them visible): their counts go relaxed with the empty experts', and
+// their rows take neither the counter nor a fence.
 __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a, const PadIn& in,
-                                              unsigned long long round) {
+                                              unsigned long long round, bool local_unordered) {
   extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
   const int tid = threadIdx.x, lane = tid & 31;
   const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
@@ -155,6 +158,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
             tag_word((unsigned)sk, round);
       }
     }
+    if (local_unordered && dst == p.rank) continue;  // its count goes with the empty experts'
     __syncwarp();  // the lanes' stores before lane 0's release (cumulative)
     if (lane == 0) {
       // The expert's last row slice raises its count: the counter's acq_rel (system scope) puts
@@ -175,11 +179,13 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     }
   }
   stamp_exit(ST_PAD_ROWS);
-  // Experts none of whose rows this replica sends: their counts, after the rows and from the grid's
-  // last threads (a small call's warps with no row item), so they do not hold back the first rows.
+  // Experts none of whose rows this replica sends (and, local_unordered, this GPU's): their counts,
+  // after the rows and from the grid's last threads (a small call's warps with no row item), so they
+  // do not hold back the first rows.
   for (int e = nthreads - 1 - gthread; e < p.E; e += nthreads) {
     const unsigned* m = pad_mask + e * W;
-    if (pad_mine(m, W, p.tp, p.replica) == 0) pad_send_count<false>(p, a, e, pad_total(m, W), round);
+    if ((local_unordered && e / p.L == p.rank) || pad_mine(m, W, p.tp, p.replica) == 0)
+      pad_send_count<false>(p, a, e, pad_total(m, W), round);
   }
   stamp_exit(ST_PAD_EMPTY_COUNTS);
 }
@@ -197,7 +203,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
   const unsigned long long round =
       *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + ((phase & PAD_SEND) ? 1 : 0);
   const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
-  if (phase & PAD_SEND) pad_send_part(p, a, in, round);
+  if (phase & PAD_SEND) pad_send_part(p, a, in, round, (phase & PAD_RECV) != 0);
   // Receive: a thread a local expert waits for its W count words.
   for (int l = gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
