@@ -247,15 +247,27 @@ def padded_expected(spec: CommSpec, want: Expected) -> tuple[torch.Tensor, list[
     return counts, places
 
 
-def run_padded_case(comm: Communicator, case: Case) -> None:
+def off_boundary(t: torch.Tensor, nbytes: int = 4) -> torch.Tensor:
+    """A contiguous copy of `t` whose data starts `nbytes` past a 16-byte boundary: an input that
+    kernels must not take as vector-aligned (a view into a larger buffer can be one)."""
+    size = t.numel() * t.element_size()
+    raw = torch.empty(size + nbytes + 16, dtype=torch.uint8, device=t.device)
+    skip = (-raw.data_ptr()) % 16 + nbytes
+    out = raw[skip:skip + size].view(t.dtype).view(t.shape)
+    return out.copy_(t)
+
+
+def run_padded_case(comm: Communicator, case: Case, misaligned: bool = False) -> None:
     """`dispatch_padded` (or, for odd seeds, `dispatch_padded_send` + `recv`), the stand-in experts on
     every slot, `combine_padded`; every output bit checked against the oracle (the padded layout's
-    rows are the contract's rows)."""
+    rows are the contract's rows). `misaligned`: x, x_scale and expert_y start 4 bytes past a 16-byte
+    boundary."""
     spec, rank, device = comm.spec, comm.rank, comm.device
     exp = expectation(case, rank)
     mine, n = _case_inputs(comm, case, exp.groups)
-    to = lambda t: None if t is None else t.to(device)  # noqa: E731
-    args = (to(mine.x), to(mine.topk_ids), to(mine.topk_weights), to(mine.x_scale), n)
+    moved = lambda t: None if t is None else t.to(device)  # noqa: E731
+    to = (lambda t: None if t is None else off_boundary(moved(t))) if misaligned else moved  # noqa: E731
+    args = (to(mine.x), moved(mine.topk_ids), moved(mine.topk_weights), to(mine.x_scale), n)
     # Odd seeds through the split phases (send, then the receiver's recv), even ones whole.
     result = comm.dispatch_padded_send(*args).recv() if case.seed % 2 else comm.dispatch_padded(*args)
     want = exp.dispatch
@@ -285,6 +297,7 @@ def run_padded_case(comm: Communicator, case: Case) -> None:
     local = torch.arange(L, device=device)[:, None].expand(L, slots).reshape(-1)
     flat = result.tokens.reshape(L * slots, spec.hidden)
     y = expert_fn(flat, local + rank * L, spec.out_dtype).view(L, slots, spec.hidden)
+    y = off_boundary(y) if misaligned else y
     out = comm.combine_padded(y, h, weights=result.weights if case.weighted else None)
     _expect(bitwise_equal(out, exp.combine), "padded combine output", case, rank)
 

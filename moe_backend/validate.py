@@ -100,7 +100,9 @@ def check_dispatch(
         n = n.clamp(0, rows).to(torch.int32)  # unchecked: clamped, as the kernels clamp, not wrapped
     if ids.dtype != torch.int32:  # a no-op .to() still costs ~2 us of host time
         ids = ids.to(torch.int32)
-    return x.contiguous(), ids.contiguous(), topk_weights, x_scale, n
+    scale = None if x_scale is None else vector_aligned(x_scale)
+    weights = None if topk_weights is None else vector_aligned(topk_weights)
+    return vector_aligned(x), vector_aligned(ids), weights, scale, n
 
 
 def _refuse_grad(**tensors: torch.Tensor | None) -> None:
@@ -160,7 +162,7 @@ def check_combine(
             raise ValueError(f"weights must have at least {rows} entries (one per row; {what}), got {weights.shape[0]}")
     out = _check_out(spec, device, out, handle.num_input_rows)
     _refuse_grad(expert_y=expert_y, weights=weights)
-    return expert_y.contiguous(), handle, None if weights is None else weights.contiguous(), out
+    return vector_aligned(expert_y), handle, None if weights is None else vector_aligned(weights), out
 
 
 def _check_handle(handle: object, kind: type, comm_id: int, current_round: int) -> None:
@@ -179,12 +181,21 @@ def _check_handle(handle: object, kind: type, comm_id: int, current_round: int) 
         )
 
 
+def vector_aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t` contiguous and starting on a 16-byte boundary, as the kernels' vector loads need: a view
+    that starts elsewhere in its buffer (a slice at an odd offset) is copied."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _check_out(spec: CommSpec, device: torch.device, out: object, rows: int) -> torch.Tensor | None:
     if out is None:
         return None
     out = check_tensor("out", out, dtypes=(spec.out_dtype,), shape=(rows, spec.hidden), device=device)
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
+    if out.data_ptr() % 16:
+        raise ValueError("out must start on a 16-byte boundary (the kernels store whole 16-byte vectors)")
     if out.requires_grad:
         raise ValueError("out must not require grad: combine writes it in place")
     return out
@@ -211,4 +222,4 @@ def check_combine_padded(
                                device=device).contiguous()
     out = _check_out(spec, device, out, handle.num_input_rows)
     _refuse_grad(expert_y=expert_y, weights=weights)
-    return expert_y.contiguous(), handle, weights, out
+    return vector_aligned(expert_y), handle, None if weights is None else vector_aligned(weights), out

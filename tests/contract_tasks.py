@@ -15,9 +15,11 @@ import torch
 from moe_backend import FP8, CommSpec, Communicator, RoundError
 from moe_backend.testing import (  # noqa: F401
     DTYPE_COMBOS,
+    ROUTINGS,
     Case,
     contract_matrix,
     make_spec,
+    off_boundary,
     run_case,
     run_padded_case,
 )
@@ -29,6 +31,20 @@ def run_cases(backend: str, cases: list[Case], options: dict | None = None, padd
         (run_padded_case if padded else run_case)(comm, case)
         comm.close()
     return len(cases)
+
+
+def padded_off_boundary(backend: str, seed: int, options: dict | None = None) -> int:
+    """The padded calls on x, x_scale and expert_y that start 4 bytes past a 16-byte boundary (views
+    into a larger buffer), every dtype combo: bit for bit the oracle's still. Returns the cases run."""
+    done = 0
+    for d, dtypes in enumerate(DTYPE_COMBOS):
+        spec = make_spec(**dtypes)
+        comm = Communicator(spec, backend=backend, **(options or {}))
+        routing = ROUTINGS[d % 3]  # uniform, skewed, dropped: rows move
+        run_padded_case(comm, Case(spec, routing, seed + d, d % 2 == 0, "tensor"), misaligned=True)
+        comm.close()
+        done += 1
+    return done
 
 
 def padded_misuse(backend: str, options: dict | None = None) -> int:
@@ -96,7 +112,7 @@ def _raises(exc: type[BaseException], pattern: str, fn: Callable[[], Any]) -> No
     raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
-BAD_INPUTS_CPU = 26
+BAD_INPUTS_CPU = 27
 
 
 def bad_inputs(backend: str, options: dict | None = None) -> int:
@@ -157,6 +173,8 @@ def bad_inputs(backend: str, options: dict | None = None) -> int:
     expect(TypeError, r"handle must be the Handle", lambda: comm.combine(y, "handle"))
     grad_out = torch.zeros(T, spec.hidden, dtype=spec.out_dtype, device=device, requires_grad=True)
     expect(ValueError, r"out must not require grad", lambda: comm.combine(y, result.handle, out=grad_out))
+    odd_out = off_boundary(torch.zeros(T, spec.hidden, dtype=spec.out_dtype, device=device))
+    expect(ValueError, r"out must start on a 16-byte boundary", lambda: comm.combine(y, result.handle, out=odd_out))
     expect(ValueError, r"expert_y requires grad", lambda: comm.combine(y.clone().requires_grad_(), result.handle))
     other = Communicator(spec, backend=backend, **(options or {}))
     expect(ValueError, r"another communicator", lambda: other.combine(y, result.handle))

@@ -39,6 +39,11 @@ def test_padded_matrix(pool: RankPool, tp_size: int, static: bool) -> None:
     assert counts == [len(tasks.DTYPE_COMBOS) * len(ROUTINGS) * 3] * pool.world, f"seed {SEED}"
 
 
+def test_padded_off_boundary(pool: RankPool) -> None:
+    assert pool.run(tasks.padded_off_boundary, "reference", SEED) == [len(tasks.DTYPE_COMBOS)] * pool.world, \
+        f"seed {SEED}"
+
+
 def test_padded_misuse(pool: RankPool) -> None:
     assert pool.run(tasks.padded_misuse, "reference") == [13] * pool.world
 

@@ -1,4 +1,4 @@
-"""CommSpec validation and derived sizes (no processes needed)."""
+"""CommSpec validation and derived sizes, and the inputs' alignment (no processes needed)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,17 @@ def test_parse_dtype() -> None:
     assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("fp8") is FP8
     with pytest.raises(ValueError, match="unknown dtype 'int4'"):
         parse_dtype("int4")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, FP8])
+def test_vector_aligned_copies_only_views_off_a_16_byte_boundary(dtype) -> None:
+    from moe_backend.testing import off_boundary
+    from moe_backend.validate import vector_aligned
+
+    t = torch.randn(5, 24).to(dtype)
+    odd = off_boundary(t)
+    assert odd.data_ptr() % 16 == 4
+    fixed = vector_aligned(odd)
+    assert fixed.data_ptr() % 16 == 0 and fixed.is_contiguous()
+    assert torch.equal(fixed.view(torch.uint8), t.view(torch.uint8))
+    assert vector_aligned(t).data_ptr() == t.data_ptr()  # aligned: no copy

@@ -455,8 +455,8 @@ def padded_worker(seed: int, count: int, env: dict[str, str] | None = None,
         for transport in transports:
             comm = Communicator(case.spec, backend="nvshmem", transport=transport, sync_check=True)
             try:
-                for _ in range(2):
-                    run_padded_case(comm, case)
+                for again in (False, True):  # the second time with x and x_scale off a 16-byte boundary
+                    run_padded_case(comm, case, misaligned=again)
                     run_case(comm, case)
                 served = bool(comm.backend.arena._pad)
                 if served and comm.backend.arena._pad.bytes != rt.padded_region_bytes(case.spec):
