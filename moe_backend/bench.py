@@ -17,7 +17,7 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,14 @@ class Clock:
             torch.cuda.synchronize()
 
 
-def barrier(device: torch.device, flag: torch.Tensor) -> None:
-    """Before each timed call. Without a process group (a one-GPU script) only the sleep."""
+# Inputs larger than this are not warmed (the padded combine's stand-in output: L * G * M rows).
+WARM_MAX_BYTES = 64 << 20
+
+
+def barrier(device: torch.device, flag: torch.Tensor, warm: Sequence[torch.Tensor | None] = ()) -> None:
+    """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`:
+    the call's inputs, each read once after it (bench.warm_inputs), so the call finds them in L2
+    and the TLBs as a model's step would."""
     grouped = dist.is_initialized()
     if device.type == "cuda":
         # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
@@ -80,6 +86,9 @@ def barrier(device: torch.device, flag: torch.Tensor) -> None:
             dist.all_reduce(flag)
     elif grouped:
         dist.barrier()
+    for t in warm:
+        if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
+            t.reshape(-1).view(torch.uint8).amax()
 
 
 def time_after_barrier(device: torch.device, op: Callable[[], Any], iters: int, warmup: int) -> dict[str, float]:
@@ -148,8 +157,10 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
+    warm = preset.bench.warm_inputs
+    inputs = (x, ids, weights, scale) if warm else ()
     for i in range(preset.bench.warmup + preset.bench.iters):
-        barrier(device, flag)
+        barrier(device, flag, inputs)
         # Host times (h*) are taken inside the event marks (m*): a mark's event record is no
         # part of the call (several us of host time on the GPU machine).
         m0 = clock.mark()
@@ -163,7 +174,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         m2 = clock.mark()
         if y is None:  # stand-in expert output, made once: the benchmark times communication only
             y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
-        barrier(device, flag)
+        barrier(device, flag, (y, result.weights) if warm else ())
         m3 = clock.mark()
         h3 = time.perf_counter()
         pending = comm.combine_send(y, result.handle, result.weights if preset.bench.weighted else None)
@@ -174,23 +185,23 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         h5 = time.perf_counter()
         m5 = clock.mark()
         # The whole ops, each between GPU barriers like the split ones.
-        barrier(device, flag)
+        barrier(device, flag, inputs)
         w0, g0 = clock.mark(), time.perf_counter()  # host times of the whole ops leave the marks out
         whole = comm.dispatch(x, ids, weights if preset.bench.weighted else None, scale)
         g1, w1 = time.perf_counter(), clock.mark()
-        barrier(device, flag)
+        barrier(device, flag, (y, whole.weights) if warm else ())
         w2, g2 = clock.mark(), time.perf_counter()
         comm.combine(y, whole.handle, whole.weights if preset.bench.weighted else None)
         g3, w3 = time.perf_counter(), clock.mark()
         spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
         if padded:
-            barrier(device, flag)
+            barrier(device, flag, inputs)
             p0 = clock.mark()
             res = comm.dispatch_padded(x, ids, weights if preset.bench.weighted else None, scale)
             p1 = clock.mark()
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
-            barrier(device, flag)
+            barrier(device, flag, (y_padded, res.weights) if warm else ())
             p2 = clock.mark()
             comm.combine_padded(y_padded, res.handle, res.weights if preset.bench.weighted else None)
             p3 = clock.mark()
@@ -255,7 +266,7 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) 
     def median_us(body: Callable[[int], tuple[Any, Any]], reps: int, iters: int) -> dict[str, float]:
         samples = []
         for i in range(iters + 3):
-            barrier(device, flag)
+            barrier(device, flag, (x, ids, scale) if preset.bench.warm_inputs else ())
             m0, m1 = body(reps)
             if i >= 3:
                 clock.sync()
@@ -299,8 +310,10 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.device, clock: Clock) -> dict[str, float]:
-    """The standard baseline: one dense all_to_all_single of [n*topk, hidden] bf16 per rank."""
+def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.device, clock: Clock,
+                          warm: bool = False) -> dict[str, float]:
+    """The standard baseline: one dense all_to_all_single of [n*topk, hidden] bf16 per rank
+    (`warm`: its input read once after each barrier, as bench.warm_inputs does for the ops)."""
     rows = n * spec.topk
     rows -= rows % spec.world_size
     data = torch.randn(max(rows, spec.world_size), spec.hidden, device=device).to(torch.bfloat16)
@@ -308,7 +321,7 @@ def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.devi
     flag = torch.ones(1, device=device)
     samples = []
     for i in range(iters + 5):
-        barrier(device, flag)
+        barrier(device, flag, (data,) if warm else ())
         a = clock.mark()
         dist.all_to_all_single(out, data)
         b = clock.mark()
@@ -421,7 +434,8 @@ def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy
     for n in preset.bench.num_tokens:
         progress(f"{preset.name}: dense all_to_all baseline, {n} tokens/rank")
         rows.append({"backend": f"dense_all_to_all_{dist.get_backend()}", "num_tokens": n,
-                     "phases": {"dispatch": time_dense_all_to_all(spec, n, preset.bench.iters, device, clock)}})
+                     "phases": {"dispatch": time_dense_all_to_all(spec, n, preset.bench.iters, device, clock,
+                                                                   preset.bench.warm_inputs)}})
     return {
         "preset": preset.name,
         "spec": spec.describe(),
@@ -473,7 +487,8 @@ def machine_info() -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"== {report['preset']}: {report['spec']}"
-             + (f"; GPU-to-GPU copy {report['copy_rate_gbps']:.0f} GB/s" if report.get("copy_rate_gbps") else "")]
+             + (f"; GPU-to-GPU copy {report['copy_rate_gbps']:.0f} GB/s" if report.get("copy_rate_gbps") else "")
+             + ("; inputs warm" if report.get("config", {}).get("bench", {}).get("warm_inputs") else "")]
     head = f"{'backend':<26}{'tokens':>7}" + "".join(f"{p:>16}" for p in PHASES) + f"{'vs ref':>8}{'%copy d/c':>12}"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:

@@ -138,6 +138,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset.bench.num_tokens = args.num_tokens
         if args.world_size:
             preset.bench.world_size = args.world_size
+        if args.warm_inputs:
+            preset.bench.warm_inputs = True
         preset.validate()
         presets.append(preset)
     return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot, args.sms)
@@ -209,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--iters", type=positive_int, help="override the preset's measured iterations")
     b.add_argument("--warmup", type=nonnegative_int, help="override the preset's warm-up iterations")
     b.add_argument("--num-tokens", type=positive_int, nargs="+", help="override the preset's tokens per rank")
+    b.add_argument("--warm-inputs", action="store_true",
+                   help="read each timed call's inputs once before it, outside the timing (hot in L2, as in a "
+                        "model's step; default: cold after the barrier's device sleep)")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
     b.add_argument("--sms", type=positive_int, nargs="+", metavar="N",

@@ -68,6 +68,9 @@ class BenchConfig:
     # Also time dispatch send, an independent matmul of about the dispatch's length, then
     # dispatch receive, against the longer of the two alone.
     overlap: bool = False
+    # Read each timed call's inputs once after its barrier, outside the events (in a model's step
+    # the layer before has just written them): off, they are cold after the barrier's device sleep.
+    warm_inputs: bool = False
 
 
 @dataclasses.dataclass

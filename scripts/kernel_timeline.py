@@ -78,7 +78,7 @@ def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
 
 
 def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
-            out: str | None, split: bool, padded: bool = False) -> None:
+            out: str | None, split: bool, padded: bool = False, warm: bool = False) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     preset = load_bench(resolve_config(config, bench_presets_dir()))
     spec = preset.comm.to_spec(dist.get_world_size())
@@ -95,7 +95,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
         y = None
         for i in range(WARMUP + iters):
             ops.timeline_stamps(1)  # reset and on (synchronises)
-            bench.barrier(device, flag)
+            bench.barrier(device, flag, (x, ids, scale) if warm else ())
             m0 = clock.mark()
             if padded:  # one kernel each way (csrc/padded_kernels.cuh)
                 result = comm.dispatch_padded(x, ids, None, scale)
@@ -106,7 +106,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             m1 = clock.mark()
             if y is None:
                 y = torch.randn(result.tokens.shape[:-1] + (spec.hidden,), device=device).to(spec.out_dtype)
-            bench.barrier(device, flag)
+            bench.barrier(device, flag, (y,) if warm else ())  # the padded y: past bench.WARM_MAX_BYTES
             m2 = clock.mark()
             if padded:
                 comm.combine_padded(y, result.handle)
@@ -144,6 +144,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
         if out:
             bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
                                     "dispatch": "padded" if padded else "split" if split else "whole",
+                                    "warm_inputs": warm,
                                     "world_size": dist.get_world_size(),
                                     "num_sms": sms, "per_rank": gathered}])
 
@@ -161,11 +162,13 @@ def main() -> int:
                     help="dispatch by send + receive (two kernels), not the whole comm.dispatch")
     ap.add_argument("--padded", action="store_true",
                     help="time dispatch_padded / combine_padded (the padded layout's kernels) instead")
+    ap.add_argument("--warm-inputs", action="store_true",
+                    help="read each call's inputs once after its barrier (as `moe-backend bench --warm-inputs`)")
     args = ap.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 args.split, args.padded, dist_backend="nccl", timeout=600)
+                 args.split, args.padded, args.warm_inputs, dist_backend="nccl", timeout=600)
     return 0
 
 

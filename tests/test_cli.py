@@ -241,3 +241,27 @@ def test_timing_outside_a_process_group() -> None:
     got = time_after_barrier(torch.device("cpu"), lambda: (calls.append(1), time.sleep(0.002)), 4, 1)
     assert len(calls) == 5, calls
     assert 2000 <= got["p10"] <= got["median"] <= got["p90"] < 1e6, got
+
+
+def test_bench_warm_inputs_is_recorded(tmp_path: Path) -> None:
+    """--warm-inputs: every timed call's inputs read once before it; the table and JSON say so."""
+    out = tmp_path / "warm.json"
+    res = cli("bench", "--backend", "reference", "--iters", "2", "--warmup", "0", "--num-tokens", "1", "4",
+              "--warm-inputs", "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"== deepseek-decode: .*; inputs warm", res.stdout)
+    result = json.loads(out.read_text())["results"][0]
+    assert result["config"]["bench"]["warm_inputs"] is True
+    assert [r["num_tokens"] for r in result["rows"] if r["backend"] == "reference"] == [1, 4]
+
+
+def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
+    from moe_backend import bench as benchmod
+
+    read = []
+    real = torch.Tensor.amax
+    monkeypatch.setattr(torch.Tensor, "amax", lambda t, *a, **k: read.append(t.numel()) or real(t, *a, **k))
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)))
+    assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
