@@ -89,8 +89,9 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
-// The send: every block builds the routing's token masks per expert in shared memory; the counts
-// of experts with no row of this replica go at once; a warp per (t, k) stores the row into its slot.
+// The send: every block builds the routing's token masks per expert in shared memory; a warp per
+// (t, k, slice) stores its slice of the row into its slot, an expert's last one raising its count;
+// then the counts of experts with no row of this replica go, relaxed.
 // `local_unordered`: this kernel also receives, so this GPU's experts' rows are read only after it
 // ends (stream order makes them visible): their counts go relaxed with the empty experts', and
 // their rows take neither the counter nor a fence.
