@@ -15,6 +15,9 @@ count, ptxas's registers and spills, and the source lines with the most instruct
         [--instantiate 'moe::pad_combine_partials_kernel<__nv_bfloat16, __nv_bfloat16>'] [--top 20]
 
 Template kernels need --instantiate (each expression's address is taken, which compiles it).
+Inlining can differ with what else a translation unit compiles (a template instantiated alone
+may inline helpers that the whole build calls instead), so for the build's own numbers compile
+csrc/moe_kernels.cu with `-cubin -lineinfo` and the build's flags and pass it as --cubin.
 """
 from __future__ import annotations
 
@@ -92,14 +95,18 @@ def main() -> int:
     ap.add_argument("--instantiate", nargs="*", default=[], metavar="EXPR",
                     help="template kernels to compile, e.g. 'moe::pad_combine_partials_kernel<float, float>'")
     ap.add_argument("--top", type=int, default=20, help="source lines to list per kernel")
+    ap.add_argument("--cubin", help="disassemble this cubin (built with -lineinfo) instead of compiling")
     args = ap.parse_args()
+    nvdisasm = find_nvdisasm()
+    if nvdisasm is None:
+        ap.error("nvdisasm not found: set NVDISASM, or `pip install nvidia-cuda-nvdisasm` into this Python")
+    if args.cubin:
+        sass = subprocess.run([nvdisasm, "-c", "-g", args.cubin], capture_output=True, text=True, check=True).stdout
+        return report(count_by_line(sass, args.name), {}, args.name, args.top)
     cuda_home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda-13.0"))
     nvcc = cuda_home / "bin" / "nvcc"
     if not nvcc.exists():
         ap.error(f"no nvcc at {nvcc} (set CUDA_HOME)")
-    nvdisasm = find_nvdisasm()
-    if nvdisasm is None:
-        ap.error("nvdisasm not found: set NVDISASM, or `pip install nvidia-cuda-nvdisasm` into this Python")
     with tempfile.TemporaryDirectory() as tmp:
         src, cubin = Path(tmp) / "k.cu", Path(tmp) / "k.cubin"
         keep = "".join(f"  (void*)({e}),\n" for e in args.instantiate)
@@ -112,14 +119,17 @@ def main() -> int:
             print(built.stdout + built.stderr, file=sys.stderr)
             return built.returncode
         sass = subprocess.run([nvdisasm, "-c", "-g", str(cubin)], capture_output=True, text=True, check=True).stdout
-    usage = ptxas_usage(built.stdout + built.stderr, args.name)
-    kernels = count_by_line(sass, args.name)
+    return report(count_by_line(sass, args.name), ptxas_usage(built.stdout + built.stderr, args.name), args.name,
+                  args.top)
+
+
+def report(kernels: dict[str, collections.Counter], usage: dict[str, str], name: str, top: int) -> int:
     if not kernels:
-        print(f"no kernel whose name contains {args.name!r} (a template needs --instantiate)", file=sys.stderr)
+        print(f"no kernel whose name contains {name!r} (a template needs --instantiate)", file=sys.stderr)
         return 1
     for kernel, lines in kernels.items():
         print(f"== {kernel}: {sum(lines.values())} instructions; {usage.get(kernel, 'ptxas: no report')}")
-        for (file, line), n in lines.most_common(args.top):
+        for (file, line), n in lines.most_common(top):
             print(f"  {n:>6}  {file}:{line}")
     return 0
 
