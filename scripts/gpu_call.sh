@@ -10,6 +10,8 @@
 #   use_build NAME   puts another carried build, .devso/NAME.so, in place for the steps after it.
 #   decode_bench_ws1 BUILD [TAG]   a step: DeepSeek decode at world size 1 on BUILD, the contiguous
 #         ops through their cross-rank path (SELF_SEND=1), into $raw/decode_ws1_BUILDTAG.json.
+#   padded_tests NAME   two steps on the build in place: the padded tests at world size 1, then at
+#         EP2 with both ranks on the one GPU (8 cases), logs tests_padded_{single,shared}_NAME.log.
 for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 export MOE_BACKEND_DEVSO=$1 MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
 raw=$OUT/raw
@@ -38,4 +40,10 @@ decode_bench_ws1() {
   step "decode bench ws1 $name" "bench_$name.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
     --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --out "$raw/decode_ws1_$name.json"
   grep -E "^nvshmem" "$raw/bench_$name.log"
+}
+padded_tests() {
+  step "padded one GPU $1" "tests_padded_single_$1.log" 150 python3 -m pytest -q -m gpu -rA \
+    tests/gpu/test_nvshmem_single.py -k padded
+  step "padded shared EP2 $1" "tests_padded_shared_$1.log" 200 env MOE_TEST_SHARED_GPU=1 MOE_TEST_WORLD=2 \
+    MOE_TEST_CASES=8 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py -k padded
 }

@@ -187,6 +187,30 @@ def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
     assert (out / "raw" / "bench_cx.log").exists()
 
 
+def test_gpu_call_runs_the_padded_tests_on_one_gpu_and_shared_ep2(tmp_path: Path) -> None:
+    """`padded_tests NAME`: two steps on the build in place, the one-GPU file's padded tests and
+    the EP2 file's with both ranks on the GPU, each logged under NAME."""
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    (repo / "scripts").mkdir(parents=True)
+    out.mkdir()
+    (repo / "scripts" / "gpu_call.sh").write_text((ROOT / "scripts" / "gpu_call.sh").read_text())
+    (repo / "scripts" / "gpu_env.sh").write_text("true\n")
+    (repo / "bin").mkdir()
+    fake = repo / "bin" / "python3"  # records pytest's arguments and the shared-GPU switches
+    fake.write_text('#!/bin/bash\necho "1 passed shared=${MOE_TEST_SHARED_GPU:-} world=${MOE_TEST_WORLD:-} $*"\n')
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", "-c", "set -u; source scripts/gpu_call.sh a; padded_tests p\n"], cwd=repo,
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
+    assert done.returncode == 0, done
+    single = (out / "raw" / "tests_padded_single_p.log").read_text()
+    shared = (out / "raw" / "tests_padded_shared_p.log").read_text()
+    assert "shared= world=" in single and single.rstrip().endswith("tests/gpu/test_nvshmem_single.py -k padded")
+    assert "shared=1 world=2" in shared and shared.rstrip().endswith("tests/gpu/test_nvshmem.py -k padded")
+    steps = [line for line in done.stdout.splitlines() if " rc 0 at " in line]
+    assert [s.split(" rc ")[0] for s in steps] == ["padded one GPU p", "padded shared EP2 p"]
+
+
 def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
     """`--overlap N...` profiles the overlap row (sweep preset, matmul between send and receive)
     at those token counts instead of the decode and prefill cases; the preset filter applies."""

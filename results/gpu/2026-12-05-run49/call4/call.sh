@@ -10,8 +10,6 @@
 # 2. The one-GPU file's first half (MOE_TEST_SHARD=1/2: 340 s in run 48), the contiguous ops on the fix.
 set -u
 source scripts/gpu_call.sh pad15
-step "padded one GPU" tests_padded_single.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem_single.py -k padded
-step "padded shared EP2" tests_padded_shared.log 200 env MOE_TEST_SHARED_GPU=1 MOE_TEST_WORLD=2 MOE_TEST_CASES=8 \
-  python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py -k padded
+padded_tests pad15
 step "one GPU shard 1/2" tests_single_shard1.log 360 env MOE_TEST_SHARD=1/2 python3 -m pytest -q -m gpu -rA \
   tests/gpu/test_nvshmem_single.py

@@ -10,9 +10,7 @@
 #    at every size (fewer jumps over cold code on each warp's path, round 42's ~0.15-0.2 us each).
 set -u
 source scripts/gpu_call.sh pad18
-step "padded one GPU pad18" tests_padded_single.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem_single.py -k padded
-step "padded shared EP2 pad18" tests_padded_shared.log 200 env MOE_TEST_SHARED_GPU=1 MOE_TEST_WORLD=2 MOE_TEST_CASES=8 \
-  python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py -k padded
+padded_tests pad18
 decode_bench_ws1 pad15 a
 decode_bench_ws1 pad18
 decode_bench_ws1 pad15 b
