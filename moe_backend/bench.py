@@ -157,15 +157,21 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
-    warm = preset.bench.warm_inputs
-    inputs = (x, ids, weights, scale) if warm else ()
+    weighted = preset.bench.weighted
+    topk_w = weights if weighted else None
+
+    def warm(*inputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """A timed call's inputs for its barrier to read first (bench.warm_inputs), else none."""
+        return inputs if preset.bench.warm_inputs else ()
+
+    dispatched = warm(x, ids, topk_w, scale)  # what the dispatches read
     for i in range(preset.bench.warmup + preset.bench.iters):
-        barrier(device, flag, inputs)
+        barrier(device, flag, dispatched)
         # Host times (h*) are taken inside the event marks (m*): a mark's event record is no
         # part of the call (several us of host time on the GPU machine).
         m0 = clock.mark()
         h0 = time.perf_counter()
-        receiver = comm.dispatch_send(x, ids, weights if preset.bench.weighted else None, scale)
+        receiver = comm.dispatch_send(x, ids, topk_w, scale)
         h1 = time.perf_counter()
         m1 = clock.mark()
         h1r = time.perf_counter()
@@ -174,10 +180,11 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         m2 = clock.mark()
         if y is None:  # stand-in expert output, made once: the benchmark times communication only
             y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
-        barrier(device, flag, (y, result.weights) if warm else ())
+        combine_w = result.weights if weighted else None
+        barrier(device, flag, warm(y, combine_w))
         m3 = clock.mark()
         h3 = time.perf_counter()
-        pending = comm.combine_send(y, result.handle, result.weights if preset.bench.weighted else None)
+        pending = comm.combine_send(y, result.handle, combine_w)
         h4 = time.perf_counter()
         m4 = clock.mark()
         h4r = time.perf_counter()
@@ -185,25 +192,27 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         h5 = time.perf_counter()
         m5 = clock.mark()
         # The whole ops, each between GPU barriers like the split ones.
-        barrier(device, flag, inputs)
+        barrier(device, flag, dispatched)
         w0, g0 = clock.mark(), time.perf_counter()  # host times of the whole ops leave the marks out
-        whole = comm.dispatch(x, ids, weights if preset.bench.weighted else None, scale)
+        whole = comm.dispatch(x, ids, topk_w, scale)
         g1, w1 = time.perf_counter(), clock.mark()
-        barrier(device, flag, (y, whole.weights) if warm else ())
+        combine_w = whole.weights if weighted else None
+        barrier(device, flag, warm(y, combine_w))
         w2, g2 = clock.mark(), time.perf_counter()
-        comm.combine(y, whole.handle, whole.weights if preset.bench.weighted else None)
+        comm.combine(y, whole.handle, combine_w)
         g3, w3 = time.perf_counter(), clock.mark()
         spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
         if padded:
-            barrier(device, flag, inputs)
+            barrier(device, flag, dispatched)
             p0 = clock.mark()
-            res = comm.dispatch_padded(x, ids, weights if preset.bench.weighted else None, scale)
+            res = comm.dispatch_padded(x, ids, topk_w, scale)
             p1 = clock.mark()
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
-            barrier(device, flag, (y_padded, res.weights) if warm else ())
+            combine_w = res.weights if weighted else None
+            barrier(device, flag, warm(y_padded, combine_w))
             p2 = clock.mark()
-            comm.combine_padded(y_padded, res.handle, res.weights if preset.bench.weighted else None)
+            comm.combine_padded(y_padded, res.handle, combine_w)
             p3 = clock.mark()
             spans += [(p0, p1), (p2, p3)]
         if i >= preset.bench.warmup:
