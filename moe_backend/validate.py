@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 from .padded import PaddedHandle
@@ -83,13 +85,13 @@ def check_dispatch(
     if topk_weights is not None:
         topk_weights = check_tensor(
             "topk_weights", topk_weights, dtypes=(torch.float32,), shape=(rows, spec.topk), device=device
-        ).contiguous()
+        )
     if spec.in_dtype == FP8:
         if x_scale is None:
             raise ValueError(f"x_scale is required for fp8 input: float32 [{rows}, {spec.num_scales}]")
         x_scale = check_tensor(
             "x_scale", x_scale, dtypes=(torch.float32,), shape=(rows, spec.num_scales), device=device
-        ).contiguous()
+        )
     elif x_scale is not None:
         raise ValueError(f"x_scale must be None for in_dtype {spec.in_dtype} (scales go with fp8 only)")
     _refuse_grad(x=x, topk_weights=topk_weights, x_scale=x_scale)
@@ -100,9 +102,7 @@ def check_dispatch(
         n = n.clamp(0, rows).to(torch.int32)  # unchecked: clamped, as the kernels clamp, not wrapped
     if ids.dtype != torch.int32:  # a no-op .to() still costs ~2 us of host time
         ids = ids.to(torch.int32)
-    scale = None if x_scale is None else vector_aligned(x_scale)
-    weights = None if topk_weights is None else vector_aligned(topk_weights)
-    return vector_aligned(x), vector_aligned(ids), weights, scale, n
+    return vector_aligned(x), vector_aligned(ids), vector_aligned(topk_weights), vector_aligned(x_scale), n
 
 
 def _refuse_grad(**tensors: torch.Tensor | None) -> None:
@@ -162,7 +162,7 @@ def check_combine(
             raise ValueError(f"weights must have at least {rows} entries (one per row; {what}), got {weights.shape[0]}")
     out = _check_out(spec, device, out, handle.num_input_rows)
     _refuse_grad(expert_y=expert_y, weights=weights)
-    return vector_aligned(expert_y), handle, None if weights is None else vector_aligned(weights), out
+    return vector_aligned(expert_y), handle, vector_aligned(weights), out
 
 
 def _check_handle(handle: object, kind: type, comm_id: int, current_round: int) -> None:
@@ -181,9 +181,19 @@ def _check_handle(handle: object, kind: type, comm_id: int, current_round: int) 
         )
 
 
-def vector_aligned(t: torch.Tensor) -> torch.Tensor:
+@overload
+def vector_aligned(t: torch.Tensor) -> torch.Tensor: ...
+
+
+@overload
+def vector_aligned(t: None) -> None: ...
+
+
+def vector_aligned(t: torch.Tensor | None) -> torch.Tensor | None:
     """`t` contiguous and starting on a 16-byte boundary, as the kernels' vector loads need: a view
-    that starts elsewhere in its buffer (a slice at an odd offset) is copied."""
+    that starts elsewhere in its buffer (a slice at an odd offset) is copied. None stays None."""
+    if t is None:
+        return None
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
@@ -219,7 +229,7 @@ def check_combine_padded(
                             shape=(spec.num_local_experts, slots, spec.hidden), device=device)
     if weights is not None:
         weights = check_tensor("weights", weights, dtypes=(torch.float32,), shape=(spec.num_local_experts, slots),
-                               device=device).contiguous()
+                               device=device)
     out = _check_out(spec, device, out, handle.num_input_rows)
     _refuse_grad(expert_y=expert_y, weights=weights)
-    return vector_aligned(expert_y), handle, None if weights is None else vector_aligned(weights), out
+    return vector_aligned(expert_y), handle, vector_aligned(weights), out
