@@ -208,6 +208,17 @@ __device__ __forceinline__ void st_relaxed_sys(unsigned long long* ptr, unsigned
 __device__ __forceinline__ void st_release_gpu(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
+// A counter's add with acquire-release semantics, at GPU or system scope: returns the old value.
+__device__ __forceinline__ unsigned long long atom_add_acq_rel_gpu(unsigned long long* ptr) {
+  unsigned long long old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(old) : "l"(ptr) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned long long atom_add_acq_rel_sys(unsigned long long* ptr) {
+  unsigned long long old;
+  asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], 1;" : "=l"(old) : "l"(ptr) : "memory");
+  return old;
+}
 __device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* ptr) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");

@@ -169,10 +169,8 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       unsigned long long done = 0;
       // GPU scope where the expert is on this GPU (its rows and count are read here only, as the
       // count's own release); system scope where the rows crossed to a peer.
-      if (items > 1 && dst == p.rank)
-        asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
-      else if (items > 1)
-        asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], 1;" : "=l"(done) : "l"(&a.state[2 + e]) : "memory");
+      if (items > 1 && dst == p.rank) done = atom_add_acq_rel_gpu(&a.state[2 + e]);
+      else if (items > 1) done = atom_add_acq_rel_sys(&a.state[2 + e]);
       if (done + 1 == items) {
         if (items > 1) a.state[2 + e] = 0;  // no other warp touches it again this round
         pad_send_count<true>(p, a, e, pad_total(m, W), round);
