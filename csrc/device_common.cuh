@@ -530,13 +530,10 @@ __device__ __forceinline__ void warp_copy(char* dst, const char* src, int bytes,
 // warp_copy with U loads a lane in flight before the first store (warp_copy: 4), each pass's
 // tail predicated rather than copied a vector at a time: a 7 KB row (448 vectors) is one pass of
 // load latency at U = 16, five (three passes and two tail vectors) in warp_copy. For latency-bound
-// copies (a few rows a call); unaligned copies go to warp_copy.
+// copies (a few rows a call). dst, src and bytes must be multiples of 16 (no fallback inlined: cold
+// code between a latency kernel's hot stretches costs its warps instruction fetches, round 42).
 template <int U>
 __device__ __forceinline__ void warp_copy_wide(char* dst, const char* src, int bytes, int lane) {
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | (uintptr_t)bytes) & 15) != 0) {
-    warp_copy(dst, src, bytes, lane);
-    return;
-  }
   int4* d = reinterpret_cast<int4*>(dst);
   const int4* s = reinterpret_cast<const int4*>(src);
   const int n = bytes >> 4;

@@ -52,23 +52,30 @@ __device__ __forceinline__ int pad_num_tokens(const In& in) {
   return in.ntok ? min(max(*in.ntok, 0), in.rows) : in.n_host;
 }
 
+// The loops over a mask's words stay rolled (a few words at decode sizes): the latency kernels'
+// time goes to fetching their code (round 42), and unrolled copies of these loops (the tp > 1 keep
+// mask, 32 steps of a division each) were a third of pad_dispatch_kernel's 2,920 instructions.
+
+// The bits of mask word w that are this replica's tokens (t % tp == replica; bit b is token
+// w * 32 + b): every tp-th from the replica's first. Out of line: attention TP only.
+static __device__ __noinline__ unsigned pad_keep(int w, int tp, int replica) {
+  unsigned keep = 0;
+#pragma unroll 1
+  for (int b = ((replica - w * 32) % tp + tp) % tp; b < 32; b += tp) keep |= 1u << b;
+  return keep;
+}
+
 // Rows of a token mask this replica sends: tokens t with t % tp == replica.
 __device__ __forceinline__ unsigned pad_mine(const unsigned* m, int words, int tp, int replica) {
   unsigned c = 0;
-  for (int w = 0; w < words; ++w) {
-    unsigned bits = m[w];
-    if (tp > 1) {
-      unsigned keep = 0;
-      for (int b = 0; b < 32; ++b) keep |= ((w * 32 + b) % tp == replica) ? (1u << b) : 0u;
-      bits &= keep;
-    }
-    c += __popc(bits);
-  }
+#pragma unroll 1
+  for (int w = 0; w < words; ++w) c += __popc(tp > 1 ? m[w] & pad_keep(w, tp, replica) : m[w]);
   return c;
 }
 
 __device__ __forceinline__ unsigned pad_total(const unsigned* m, int words) {
   unsigned c = 0;
+#pragma unroll 1
   for (int w = 0; w < words; ++w) c += __popc(m[w]);
   return c;
 }
@@ -124,7 +131,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
     const int e = __shfl_sync(0xffffffffu, ek, k);
     if (e < 0 || e >= p.E) continue;
     const unsigned* m = pad_mask + e * W;
-    const int slot = bit_rank(m, 0, 1, t);
+    const int slot = bit_rank<true>(m, 0, 1, t);
     const int dst = e / p.L, l = e - dst * p.L;
     const long long s = ((long long)l * p.G + p.group) * p.M + slot;
     char* base = a.peer[dst];
@@ -139,9 +146,14 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       warp_copy_wide<16>(base + a.off_tok + s * a.row_bytes + v0 * 16LL, in.x + (long long)t * a.row_bytes + v0 * 16LL,
                          (v1 - v0) * 16, lane);
     stamp_exit(ST_PAD_COPIED);
-    if (scale_lane) reinterpret_cast<int4*>(base + a.off_scale + s * a.scale_bytes)[lane] = sv;
-    else if (lead && in.scale && !scale_vec)
-      warp_copy(base + a.off_scale + s * a.scale_bytes, in.scale + (long long)t * a.scale_bytes, a.scale_bytes, lane);
+    if (scale_lane) {
+      reinterpret_cast<int4*>(base + a.off_scale + s * a.scale_bytes)[lane] = sv;
+    } else if (lead && in.scale && !scale_vec) {  // other sizes by 4-byte words (a small loop)
+      const int* src = reinterpret_cast<const int*>(in.scale + (long long)t * a.scale_bytes);
+      int* dsc = reinterpret_cast<int*>(base + a.off_scale + s * a.scale_bytes);
+#pragma unroll 1
+      for (int j = lane; j < a.scale_bytes / 4; j += 32) dsc[j] = src[j];
+    }
     if (lead && lane == 0) {
       if (in.w) reinterpret_cast<float*>(base + a.off_w)[s] = wv;
       reinterpret_cast<int2*>(base + a.off_meta)[s] = make_int2(t, k);
@@ -153,7 +165,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       const bool at_dst = ek >= 0 && ek < p.E && ek / p.L == dst;
       const unsigned here = __ballot_sync(0xffffffffu, at_dst);
       if (__ffs(here) - 1 == k && lane < p.topk) {
-        const int sk = at_dst ? bit_rank(pad_mask + ek * W, 0, 1, t, ((ek - dst * p.L) * p.G + p.group) * p.M) : -1;
+        const int sk = at_dst ? bit_rank<true>(pad_mask + ek * W, 0, 1, t, ((ek - dst * p.L) * p.G + p.group) * p.M) : -1;
         // Round-tagged: the combine takes a token's words of this round only (no stale slots).
         reinterpret_cast<unsigned long long*>(base + a.off_tslots)[((long long)p.group * p.M + t) * p.topk + lane] =
             tag_word((unsigned)sk, round);

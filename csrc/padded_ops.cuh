@@ -127,6 +127,11 @@ std::vector<at::Tensor> pad_dispatch(const at::Tensor& x, const at::Tensor& ids,
   c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   settle_pending(cx, stream);
+  // The kernel's row and scale vectors need 16-byte starts (the Communicator copies inputs that
+  // do not have them: validate.vector_aligned).
+  MOE_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 &&
+                (!scale || reinterpret_cast<uintptr_t>(scale->data_ptr()) % 16 == 0),
+            "pad_dispatch: x and x_scale must start on a 16-byte boundary");
   const PadIn in{reinterpret_cast<const char*>(x.data_ptr()),
                  scale ? reinterpret_cast<const char*>(scale->data_ptr()) : nullptr,
                  ids.data_ptr<int>(), w ? w->data_ptr<float>() : nullptr,
