@@ -8,7 +8,9 @@ Each target is checked in every file that has the rows it needs (nvshmem-nvlink 
 says otherwise; medians of the slowest rank, each op as `comm.dispatch` / `comm.combine` run
 it: send + receive, since round 35 possibly one fused launch):
 - DeepSeek decode (fp8 + scales dispatch, bf16 combine), 128 tokens: dispatch <= 15 us,
-  combine <= 22 us; 1 token: both <= 10 us.
+  combine <= 22 us; 1 token: both <= 10 us. Checked for the contiguous ops and, where the file
+  has them, for the padded layout's (`dispatch_padded` / `combine_padded`: per-expert slots, the
+  layout DeepEP's low-latency kernels return; one launch each, bounded by the one-launch floor).
 - DeepSeek prefill (bf16), 4096 tokens: dispatch <= 210 us, combine <= 230 us; with the
   kernels sized for 24 SMs (`--sms 24` rows) at least 80% of that speed. A bound comes from
   the same run: the 24-SM dispatch must write every expert row (~470 MB a rank) at no more than
@@ -128,6 +130,11 @@ def checks_for(report: dict[str, Any], source: str) -> list[Check]:
             if row:
                 floor = _launch_floor(presets["deepseek-decode"], row, op)
                 found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit, floor))
+            if row and f"{op}_padded" in row["phases"]:
+                # The padded layout (per-expert slots, DeepEP low-latency's output): one launch each way.
+                floor = (presets["deepseek-decode"].get("latency_floor_us") or {}).get("1_launch", {}).get("median")
+                found.append(_at_most(f"decode {tokens} token(s) {op}, padded layout (us)", source,
+                                      _median(row, f"{op}_padded"), limit, floor))
     full = rows.get(("deepseek-prefill", NVLINK, 4096))
     few = rows.get(("deepseek-prefill", FEW_SMS, 4096))
     floors = _prefill_floor(presets["deepseek-prefill"], full, world) if full else None

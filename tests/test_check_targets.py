@@ -85,6 +85,21 @@ def test_fused_dispatch_is_bounded_by_one_launch() -> None:
     assert got["decode 1 token(s) dispatch (us)"] == 7.7 and got["decode 1 token(s) combine (us)"] == 8.9
 
 
+def test_padded_layout_rows_are_checked_beside_the_contiguous_ones() -> None:
+    """A decode row with the padded phases gets the same limits on them, bounded by one launch."""
+    row = _row("nvshmem-nvlink", 1, 11.9, 10.6)
+    row["phases"] |= {"dispatch_padded": {"median": 9.8}, "combine_padded": {"median": 10.2}}
+    report = _report(2, ("deepseek-decode", [row, _row("nvshmem-nvlink", 128, 16.2, 20.4)]))
+    report["results"][0]["latency_floor_us"] = {"1_launch": {"median": 7.8}, "2_launches": {"median": 8.8}}
+    by = {c.target: c for c in check_targets.checks_for(report, "x")}
+    dispatch = by["decode 1 token(s) dispatch, padded layout (us)"]
+    combine = by["decode 1 token(s) combine, padded layout (us)"]
+    assert (dispatch.measured, dispatch.met, dispatch.bound) == (9.8, True, 7.8)
+    assert (combine.measured, combine.met, combine.bound) == (10.2, False, 7.8)
+    assert not by["decode 1 token(s) dispatch (us)"].met
+    assert not any("padded" in t and "128" in t for t in by)  # the 128-token row has no padded phases
+
+
 def test_overlap_rows_are_checked() -> None:
     overlap = {"ratio": 1.2}
     report = _report(2, ("deepseek-sweep", [_row("nvshmem-nvlink", 64, 20, 20, overlap=overlap),
