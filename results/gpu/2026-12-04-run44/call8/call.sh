@@ -22,6 +22,8 @@ tl ep2 --world-size 2
 tl ep2_split --world-size 2 --split
 tl ws1 --world-size 1
 tl ep2_put --world-size 2 --transport put
+# Session 54: the padded layout's kernels at EP2 (rounds 65-75; world size 1 only so far: run 50).
+tl ep2_padded --world-size 2 --padded
 # examples/decode_step.py (session 46) on the kernels: its step captured in a CUDA graph and replayed
 # per batch, each checked against the dense computation.
 step "decode example" decode_example.log 60 python3 examples/decode_step.py
