@@ -13,6 +13,8 @@ step "padded EP2" tests_padded.log 200 python3 -m pytest -q -m gpu -rA -x tests/
 step "decode bench EP2" bench_decode.log 200 python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem \
   --out "$raw/decode.json"
 tail -14 "$raw/bench_decode.log"
+# Session 54: the decode targets on it, the padded phases beside the contiguous ones.
+python3 scripts/check_targets.py "$raw/decode.json" --json "$raw/targets_decode.json" | grep -E "decode|checks met"
 step "decode bench EP2 per-row flags" bench_decode_flags.log 200 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=0 \
   python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --out "$raw/decode_flags.json"
 tail -14 "$raw/bench_decode_flags.log"
