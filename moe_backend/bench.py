@@ -71,9 +71,10 @@ class Clock:
 WARM_MAX_BYTES = 64 << 20
 
 
-def barrier(device: torch.device, flag: torch.Tensor, warm: Sequence[torch.Tensor | None] = ()) -> None:
-    """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`:
-    the call's inputs, each read once after it (bench.warm_inputs), so the call finds them in L2
+def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
+            warm: bool = False) -> None:
+    """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
+    (bench.warm_inputs): the call's `inputs`, each read once after it, so the call finds them in L2
     and the TLBs as a model's step would."""
     grouped = dist.is_initialized()
     if device.type == "cuda":
@@ -86,7 +87,7 @@ def barrier(device: torch.device, flag: torch.Tensor, warm: Sequence[torch.Tenso
             dist.all_reduce(flag)
     elif grouped:
         dist.barrier()
-    for t in warm:
+    for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             t.reshape(-1).view(torch.uint8).amax()
 
@@ -157,16 +158,11 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
-    weighted = preset.bench.weighted
+    weighted, warm = preset.bench.weighted, preset.bench.warm_inputs
     topk_w = weights if weighted else None
-
-    def warm(*inputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        """A timed call's inputs for its barrier to read first (bench.warm_inputs), else none."""
-        return inputs if preset.bench.warm_inputs else ()
-
-    dispatched = warm(x, ids, topk_w, scale)  # what the dispatches read
+    dispatched = (x, ids, topk_w, scale)  # what the dispatches read
     for i in range(preset.bench.warmup + preset.bench.iters):
-        barrier(device, flag, dispatched)
+        barrier(device, flag, dispatched, warm)
         # Host times (h*) are taken inside the event marks (m*): a mark's event record is no
         # part of the call (several us of host time on the GPU machine).
         m0 = clock.mark()
@@ -181,7 +177,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         if y is None:  # stand-in expert output, made once: the benchmark times communication only
             y = torch.randn(result.tokens.shape[0], spec.hidden, device=device).to(spec.out_dtype)
         combine_w = result.weights if weighted else None
-        barrier(device, flag, warm(y, combine_w))
+        barrier(device, flag, (y, combine_w), warm)
         m3 = clock.mark()
         h3 = time.perf_counter()
         pending = comm.combine_send(y, result.handle, combine_w)
@@ -192,25 +188,25 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
         h5 = time.perf_counter()
         m5 = clock.mark()
         # The whole ops, each between GPU barriers like the split ones.
-        barrier(device, flag, dispatched)
+        barrier(device, flag, dispatched, warm)
         w0, g0 = clock.mark(), time.perf_counter()  # host times of the whole ops leave the marks out
         whole = comm.dispatch(x, ids, topk_w, scale)
         g1, w1 = time.perf_counter(), clock.mark()
         combine_w = whole.weights if weighted else None
-        barrier(device, flag, warm(y, combine_w))
+        barrier(device, flag, (y, combine_w), warm)
         w2, g2 = clock.mark(), time.perf_counter()
         comm.combine(y, whole.handle, combine_w)
         g3, w3 = time.perf_counter(), clock.mark()
         spans = [(m0, m1), (m1, m2), (m3, m4), (m4, m5), (w0, w1), (w2, w3), (m0, m2), (m3, m5)]
         if padded:
-            barrier(device, flag, dispatched)
+            barrier(device, flag, dispatched, warm)
             p0 = clock.mark()
             res = comm.dispatch_padded(x, ids, topk_w, scale)
             p1 = clock.mark()
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
             combine_w = res.weights if weighted else None
-            barrier(device, flag, warm(y_padded, combine_w))
+            barrier(device, flag, (y_padded, combine_w), warm)
             p2 = clock.mark()
             comm.combine_padded(y_padded, res.handle, combine_w)
             p3 = clock.mark()
@@ -275,7 +271,7 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) 
     def median_us(body: Callable[[int], tuple[Any, Any]], reps: int, iters: int) -> dict[str, float]:
         samples = []
         for i in range(iters + 3):
-            barrier(device, flag, (x, ids, scale) if preset.bench.warm_inputs else ())
+            barrier(device, flag, (x, ids, scale), preset.bench.warm_inputs)
             m0, m1 = body(reps)
             if i >= 3:
                 clock.sync()
@@ -330,7 +326,7 @@ def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.devi
     flag = torch.ones(1, device=device)
     samples = []
     for i in range(iters + 5):
-        barrier(device, flag, (data,) if warm else ())
+        barrier(device, flag, (data,), warm)
         a = clock.mark()
         dist.all_to_all_single(out, data)
         b = clock.mark()

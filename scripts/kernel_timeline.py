@@ -95,7 +95,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
         y = None
         for i in range(WARMUP + iters):
             ops.timeline_stamps(1)  # reset and on (synchronises)
-            bench.barrier(device, flag, (x, ids, scale) if warm else ())
+            bench.barrier(device, flag, (x, ids, scale), warm)
             m0 = clock.mark()
             if padded:  # one kernel each way (csrc/padded_kernels.cuh)
                 result = comm.dispatch_padded(x, ids, None, scale)
@@ -106,7 +106,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             m1 = clock.mark()
             if y is None:
                 y = torch.randn(result.tokens.shape[:-1] + (spec.hidden,), device=device).to(spec.out_dtype)
-            bench.barrier(device, flag, (y,) if warm else ())  # the padded y: past bench.WARM_MAX_BYTES
+            bench.barrier(device, flag, (y,), warm)  # the padded y: past bench.WARM_MAX_BYTES
             m2 = clock.mark()
             if padded:
                 comm.combine_padded(y, result.handle)

@@ -264,4 +264,6 @@ def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
     x = torch.randn(3, 8).to(torch.bfloat16)
     ids = torch.zeros(3, 2, dtype=torch.int32)
     benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)))
+    assert read == []  # warm off (the default): nothing read
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)), warm=True)
     assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
