@@ -230,8 +230,9 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
   const unsigned long long round = (phase & PAD_SEND)
                                        ? pad_send_part(p, a, in, (phase & PAD_RECV) != 0, ticket)
                                        : *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
-  // Receive: a thread a local expert waits for its W count words.
-  for (int l = gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
+  // Receive: a thread a local expert waits for its W count words, from the grid's last threads
+  // (a small call's warps with no row item, as the counts' stores: their waits overlap the rows).
+  for (int l = nthreads - 1 - gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
     for (int r = 0; r < p.W; ++r) {
       const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);
