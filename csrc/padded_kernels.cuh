@@ -32,8 +32,8 @@ struct PadArgs {
   int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
   int send_slices;     // PADDED_PARTIALS' send: a token's partial cut into this many warp items
   int row_slices;      // dispatch: a row's 16-byte vectors cut into this many warp items
-  unsigned long long* state;  // [0] latest dispatch round, [1] finished dispatch blocks, [2 + e] expert
-                              // e's rows sent this round
+  unsigned long long* state;  // [0] latest dispatch round, [1] send blocks that have read it this
+                              // launch, [2 + e] expert e's rows sent this round
 };
 
 enum PadPhase : int { PAD_SEND = 1, PAD_RECV = 2 };
@@ -102,20 +102,33 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
 // `local_unordered`: this kernel also receives, so this GPU's experts' rows are read only after it
 // ends (stream order makes them visible): their counts go relaxed with the empty experts', and
 // their rows take neither the counter nor a fence.
-__device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a, const PadIn& in,
-                                              unsigned long long round, bool local_unordered) {
+// The round: thread 0 reads the latest at entry and, once the masks are built, takes the block's
+// ticket (its operand depends on the read, so the read is done first) and hands the round to the
+// block through shared memory. The block holding the grid's last ticket knows every block has read
+// the round; it advances it at its end (pad_dispatch_kernel): no barrier and no atomic's round trip
+// at any block's end. Returns the round; `ticket`: thread 0's.
+__device__ __forceinline__ unsigned long long pad_send_part(const Params& p, const PadArgs& a, const PadIn& in,
+                                                            bool local_unordered, unsigned long long& ticket) {
   extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
+  __shared__ unsigned long long pad_round;
   const int tid = threadIdx.x, lane = tid & 31;
   const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
   const int n = pad_num_tokens(in);
   const int W = a.mask_words;
+  unsigned long long latest = 0;
+  if (tid == 0) latest = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);  // used after the masks
   for (int i = tid; i < p.E * W; i += blockDim.x) pad_mask[i] = 0;
   __syncthreads();
   for (int i = tid; i < n * p.topk; i += blockDim.x) {
     const int e = in.ids[i], t = i / p.topk;
     if (e >= 0 && e < p.E) atomicOr(&pad_mask[e * W + (t >> 5)], 1u << (t & 31));
   }
+  if (tid == 0) {
+    pad_round = latest + 1;
+    ticket = atomicAdd(&a.state[1], latest == ~0ULL ? 2ULL : 1ULL);  // 1: the round never reaches ~0
+  }
   __syncthreads();
+  const unsigned long long round = pad_round;
   stamp_exit(ST_PAD_MASKS);
   // Rows: item (t, k, slice) a warp; slice 0 also stores the row's scales, weight and meta.
   const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
@@ -199,6 +212,7 @@ __device__ __forceinline__ void pad_send_part(const Params& p, const PadArgs& a,
       pad_send_count<false>(p, a, e, pad_total(m, W), round);
   }
   stamp_exit(ST_PAD_EMPTY_COUNTS);
+  return round;
 }
 
 // Send then receive in the same blocks (the grid fits the GPU at once: every block is resident,
@@ -211,12 +225,14 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
                                                                 long long* tpe_out, int phase) {
   stamp_entry(ST_PAD_DISPATCH);
   const int tid = threadIdx.x;
-  const unsigned long long round =
-      *reinterpret_cast<volatile unsigned long long*>(&a.state[0]) + ((phase & PAD_SEND) ? 1 : 0);
   const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
-  if (phase & PAD_SEND) pad_send_part(p, a, in, round, (phase & PAD_RECV) != 0);
-  // Receive: a thread a local expert waits for its W count words.
-  for (int l = gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
+  unsigned long long ticket = 0;
+  const unsigned long long round = (phase & PAD_SEND)
+                                       ? pad_send_part(p, a, in, (phase & PAD_RECV) != 0, ticket)
+                                       : *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
+  // Receive: a thread a local expert waits for its W count words, from the grid's last threads
+  // (a small call's warps with no row item, as the counts' stores: their waits overlap the rows).
+  for (int l = nthreads - 1 - gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
     for (int r = 0; r < p.W; ++r) {
       const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);
@@ -231,13 +247,11 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
     tpe_out[l] = total;
   }
   stamp_exit(ST_PAD_COUNTS);
-  // The round advances when the send's last block is done (every block read it at its start).
-  __syncthreads();
-  if (tid == 0 && (phase & PAD_SEND)) {
-    if (atomicAdd(&a.state[1], 1ULL) == (unsigned long long)gridDim.x - 1) {
-      a.state[1] = 0;
-      a.state[0] = round;
-    }
+  // The block with the send's last ticket advances the round (every block has read it): the next
+  // kernel to read it starts after this one ends (stream order).
+  if ((phase & PAD_SEND) && tid == 0 && ticket == (unsigned long long)gridDim.x - 1) {
+    a.state[1] = 0;
+    a.state[0] = round;
   }
   stamp_exit(ST_PAD_DISPATCH);
 }
