@@ -67,8 +67,20 @@ class Clock:
             torch.cuda.synchronize()
 
 
-# Inputs larger than this are not warmed (the padded combine's stand-in output: L * G * M rows).
+# Inputs larger than this are not warmed (the padded combine's whole stand-in output: L * G * M
+# rows; its filled rows are warmed through `padded_filled_rows`).
 WARM_MAX_BYTES = 64 << 20
+
+
+def padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The rows of a padded `y [L, G * M, hidden]` below each (expert, group)'s count `counts [L, G]`:
+    what a masked grouped GEMM writes before the padded combine, so what `--warm-inputs` warms for
+    it. Gathered, so the gather itself reads them (and only them: the whole `y` is hundreds of MB
+    at decode sizes)."""
+    experts, groups = counts.shape
+    slots = y.shape[1] // groups
+    filled = torch.arange(slots, device=y.device) < counts.to(y.device).unsqueeze(-1)  # [L, G, M]
+    return y[filled.reshape(experts, groups * slots)]
 
 
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
@@ -206,7 +218,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
             combine_w = res.weights if weighted else None
-            barrier(device, flag, (y_padded, combine_w), warm)
+            barrier(device, flag, (padded_filled_rows(y_padded, res.counts) if warm else None, combine_w), warm)
             p2 = clock.mark()
             comm.combine_padded(y_padded, res.handle, combine_w)
             p3 = clock.mark()

@@ -106,7 +106,9 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             m1 = clock.mark()
             if y is None:
                 y = torch.randn(result.tokens.shape[:-1] + (spec.hidden,), device=device).to(spec.out_dtype)
-            bench.barrier(device, flag, (y,), warm)  # the padded y: past bench.WARM_MAX_BYTES
+            # The padded y: its filled rows (the whole is past bench.WARM_MAX_BYTES).
+            warm_y = bench.padded_filled_rows(y, result.counts) if padded and warm else y
+            bench.barrier(device, flag, (warm_y,), warm)
             m2 = clock.mark()
             if padded:
                 comm.combine_padded(y, result.handle)

@@ -267,3 +267,17 @@ def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
     assert read == []  # warm off (the default): nothing read
     benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)), warm=True)
     assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
+
+
+def test_padded_filled_rows_are_the_rows_below_each_count() -> None:
+    """--warm-inputs reads the padded combine's filled rows: slot (l * G + g) * M + i for i below
+    counts[l, g], in slot order, and no other."""
+    from moe_backend import bench as benchmod
+
+    experts, groups, slots, hidden = 3, 2, 4, 5
+    y = torch.randn(experts, groups * slots, hidden)
+    counts = torch.tensor([[1, 0], [4, 2], [0, 3]], dtype=torch.int32)
+    want = [y[e, g * slots + i] for e in range(experts) for g in range(groups) for i in range(int(counts[e, g]))]
+    got = benchmod.padded_filled_rows(y, counts)
+    assert got.shape == (int(counts.sum()), hidden)
+    assert torch.equal(got, torch.stack(want))
