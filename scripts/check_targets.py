@@ -83,13 +83,14 @@ def _at_most(target: str, source: str, value: float, limit: float, bound: float 
     return Check(target, source, round(value, 3), limit, value <= limit, reach, bound is not None and bound > limit)
 
 
-def _launch_floor(preset: dict[str, Any], row: dict[str, Any], op: str) -> float | None:
+def _launch_floor(preset: dict[str, Any], row: dict[str, Any], phase: str) -> float | None:
     """An op of two launches that exchange flags is bounded by the run's two-launch floor. A
     bench that times the whole op apart from its split phases (a `<op>_split` phase, since
-    round 35) may have fused the dispatch into one launch: its one-launch floor bounds it."""
+    round 35) may have fused the dispatch into one launch: its one-launch floor bounds it. The
+    padded layout's ops (`<op>_padded`) are one launch each way."""
     floor = preset.get("latency_floor_us") or {}
-    launches = "1_launch" if op == "dispatch" and f"{op}_split" in row["phases"] else "2_launches"
-    return floor.get(launches, {}).get("median")
+    one = phase.endswith("_padded") or (phase == "dispatch" and "dispatch_split" in row["phases"])
+    return floor.get("1_launch" if one else "2_launches", {}).get("median")
 
 
 def _prefill_floor(preset: dict[str, Any], row: dict[str, Any], world: int) -> float | None:
@@ -127,14 +128,12 @@ def checks_for(report: dict[str, Any], source: str) -> list[Check]:
     for tokens, limits in ((128, {"dispatch": 15.0, "combine": 22.0}), (1, {"dispatch": 10.0, "combine": 10.0})):
         row = rows.get(("deepseek-decode", NVLINK, tokens))
         for op, limit in limits.items():
-            if row:
-                floor = _launch_floor(presets["deepseek-decode"], row, op)
-                found.append(_at_most(f"decode {tokens} token(s) {op} (us)", source, _median(row, op), limit, floor))
-            if row and f"{op}_padded" in row["phases"]:
-                # The padded layout (per-expert slots, DeepEP low-latency's output): one launch each way.
-                floor = (presets["deepseek-decode"].get("latency_floor_us") or {}).get("1_launch", {}).get("median")
-                found.append(_at_most(f"decode {tokens} token(s) {op}, padded layout (us)", source,
-                                      _median(row, f"{op}_padded"), limit, floor))
+            # The contiguous op, then the padded layout's (DeepEP low-latency's output) where timed.
+            for phase in (op, f"{op}_padded") if row else ():
+                if phase == op or phase in row["phases"]:
+                    name = f"decode {tokens} token(s) {op}{', padded layout' if phase != op else ''} (us)"
+                    floor = _launch_floor(presets["deepseek-decode"], row, phase)
+                    found.append(_at_most(name, source, _median(row, phase), limit, floor))
     full = rows.get(("deepseek-prefill", NVLINK, 4096))
     few = rows.get(("deepseek-prefill", FEW_SMS, 4096))
     floors = _prefill_floor(presets["deepseek-prefill"], full, world) if full else None
