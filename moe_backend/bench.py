@@ -86,8 +86,13 @@ def padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: bool = False) -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (bench.warm_inputs): the call's `inputs`, each read once after it, so the call finds them in L2
-    and the TLBs as a model's step would."""
+    (bench.warm_inputs): the call's `inputs`, each read once first, so the call finds them in L2
+    and the TLBs as a model's step would. The reads go before the sleep, not after it: the op then
+    follows the sleep (and all-reduce) as a cold one does, with no reduction kernel between them
+    (run 50 call 1: one there cost the small calls 0.7-1.8 us, its code fetches, not their data)."""
+    for t in inputs if warm else ():
+        if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
+            t.reshape(-1).view(torch.uint8).amax()
     grouped = dist.is_initialized()
     if device.type == "cuda":
         # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
@@ -99,9 +104,6 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
             dist.all_reduce(flag)
     elif grouped:
         dist.barrier()
-    for t in inputs if warm else ():
-        if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
-            t.reshape(-1).view(torch.uint8).amax()
 
 
 def time_after_barrier(device: torch.device, op: Callable[[], Any], iters: int, warmup: int) -> dict[str, float]:

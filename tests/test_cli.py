@@ -269,6 +269,19 @@ def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
     assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
 
 
+def test_barrier_reads_the_inputs_before_it_waits(monkeypatch) -> None:
+    """The warm reads come before the barrier's wait, so nothing runs between the wait and the op."""
+    from moe_backend import bench as benchmod
+
+    events = []
+    real = torch.Tensor.amax
+    monkeypatch.setattr(torch.Tensor, "amax", lambda t, *a, **k: events.append("read") or real(t, *a, **k))
+    monkeypatch.setattr(benchmod.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(benchmod.dist, "barrier", lambda *a, **k: events.append("wait"))
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (torch.randn(4), torch.randn(2)), warm=True)
+    assert events == ["read", "read", "wait"]
+
+
 def test_padded_filled_rows_are_the_rows_below_each_count() -> None:
     """--warm-inputs reads the padded combine's filled rows: slot (l * G + g) * M + i for i below
     counts[l, g], in slot order, and no other."""
