@@ -68,19 +68,27 @@ class Clock:
 
 
 # Inputs larger than this are not warmed (the padded combine's whole stand-in output: L * G * M
-# rows; its filled rows are warmed through `padded_filled_rows`).
+# rows; its filled rows are warmed in place by `touch_padded_filled_rows`).
 WARM_MAX_BYTES = 64 << 20
 
 
-def padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """The rows of a padded `y [L, G * M, hidden]` below each (expert, group)'s count `counts [L, G]`:
-    what a masked grouped GEMM writes before the padded combine, so what `--warm-inputs` warms for
-    it. Gathered, so the gather itself reads them (and only them: the whole `y` is hundreds of MB
-    at decode sizes)."""
-    experts, groups = counts.shape
-    slots = y.shape[1] // groups
-    filled = torch.arange(slots, device=y.device) < counts.to(y.device).unsqueeze(-1)  # [L, G, M]
-    return y[filled.reshape(experts, groups * slots)]
+def padded_filled_index(counts: torch.Tensor, slots: int) -> torch.Tensor:
+    """The flat row numbers (slot (l * G + g) * M + i, ascending) below each (expert, group)'s count
+    `counts [L, G]` in a padded layout of `slots` (M) rows a pair: what a masked grouped GEMM
+    writes before the padded combine."""
+    filled = torch.arange(slots, device=counts.device) < counts.unsqueeze(-1)  # [L, G, M]
+    return filled.reshape(-1).nonzero().squeeze(1)
+
+
+def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> None:
+    """`--warm-inputs` for the padded combine: each filled row of `y [L, G * M, hidden]` read and
+    written back in place (plus zero), as the expert GEMM leaves them: in L2, dirty. Gathering them
+    instead would add a second copy's dirty lines for the combine's stores to evict (the whole `y`
+    is hundreds of MB at decode sizes, past WARM_MAX_BYTES)."""
+    groups = counts.shape[1]
+    flat = y.view(-1, y.shape[-1])
+    idx = padded_filled_index(counts.to(y.device), y.shape[1] // groups)
+    flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
 
 
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
@@ -220,7 +228,9 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
             combine_w = res.weights if weighted else None
-            barrier(device, flag, (padded_filled_rows(y_padded, res.counts) if warm else None, combine_w), warm)
+            if warm:
+                touch_padded_filled_rows(y_padded, res.counts)
+            barrier(device, flag, (combine_w,), warm)
             p2 = clock.mark()
             comm.combine_padded(y_padded, res.handle, combine_w)
             p3 = clock.mark()

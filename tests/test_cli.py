@@ -282,15 +282,22 @@ def test_barrier_reads_the_inputs_before_it_waits(monkeypatch) -> None:
     assert events == ["read", "read", "wait"]
 
 
-def test_padded_filled_rows_are_the_rows_below_each_count() -> None:
-    """--warm-inputs reads the padded combine's filled rows: slot (l * G + g) * M + i for i below
-    counts[l, g], in slot order, and no other."""
+def test_padded_filled_rows_are_touched_in_place_and_kept() -> None:
+    """--warm-inputs touches the padded combine's filled rows in place: slot (l * G + g) * M + i for
+    i below counts[l, g], in slot order, and no other; every value stays as it was."""
     from moe_backend import bench as benchmod
 
     experts, groups, slots, hidden = 3, 2, 4, 5
-    y = torch.randn(experts, groups * slots, hidden)
     counts = torch.tensor([[1, 0], [4, 2], [0, 3]], dtype=torch.int32)
-    want = [y[e, g * slots + i] for e in range(experts) for g in range(groups) for i in range(int(counts[e, g]))]
-    got = benchmod.padded_filled_rows(y, counts)
-    assert got.shape == (int(counts.sum()), hidden)
-    assert torch.equal(got, torch.stack(want))
+    want = [(e * groups + g) * slots + i
+            for e in range(experts) for g in range(groups) for i in range(int(counts[e, g]))]
+    assert benchmod.padded_filled_index(counts, slots).tolist() == want
+    y = torch.randn(experts, groups * slots, hidden).to(torch.bfloat16)
+    before = y.clone()
+    benchmod.touch_padded_filled_rows(y, counts)
+    assert torch.equal(y.view(torch.int16), before.view(torch.int16))  # bit for bit
+    # Which rows were written: -0.0 plus zero is +0.0, so exactly the filled rows lose their sign.
+    z = torch.full((experts, groups * slots, hidden), -0.0, dtype=torch.bfloat16)
+    benchmod.touch_padded_filled_rows(z, counts)
+    written = torch.signbit(z.view(-1, hidden)).logical_not().all(dim=1).nonzero().squeeze(1).tolist()
+    assert written == want and not torch.signbit(z.view(-1, hidden)[want]).any()
