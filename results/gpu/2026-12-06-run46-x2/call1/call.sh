@@ -19,3 +19,9 @@ python3 scripts/check_targets.py "$raw/decode.json" --json "$raw/targets_decode.
 step "decode bench EP2 per-row flags" bench_decode_flags.log 200 env MOE_BACKEND_NVSHMEM_PADDED_PARTIALS=0 \
   python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --out "$raw/decode_flags.json"
 tail -14 "$raw/bench_decode_flags.log"
+# Session 56: the same with the inputs warm (`--warm-inputs`: the padded combine's filled rows
+# touched in place, as the expert GEMM leaves them; run 51 call 3 at world size 1: its 128-token
+# combine 16.5 us cold, 11.2 warm, while the contiguous combine's y is warm either way).
+step "decode bench EP2 warm" bench_decode_warm.log 200 python3 -m moe_backend.cli bench --config deepseek_decode \
+  --backend nvshmem --warm-inputs --out "$raw/decode_warm.json"
+tail -14 "$raw/bench_decode_warm.log"
