@@ -96,8 +96,9 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
     (bench.warm_inputs): the call's `inputs`, each read once first, so the call finds them in L2
     and the TLBs as a model's step would. The reads go before the sleep, not after it: the op then
-    follows the sleep (and all-reduce) as a cold one does, with no reduction kernel between them
-    (run 50 call 1: one there cost the small calls 0.7-1.8 us, its code fetches, not their data)."""
+    follows the sleep (and all-reduce) as a cold one does, with no reduction kernel between them.
+    (The small contiguous calls are still 0.5-1.6 us slower warm, run 51 call 3: not that kernel;
+    the cause is not yet known, docs/PERF_NOTES.md.)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             t.reshape(-1).view(torch.uint8).amax()
