@@ -494,7 +494,9 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
     if constexpr (sizeof(OT) == sizeof(XT)) {  // a y chunk is a partial's chunk: 16 bytes
       if (a.send_bulk) {  // nk <= topk <= SEND_BULK_ROWS
         // Lane u < nk copies the u-th live k's row (k ascending: the contract's order).
-        const int ku = lane < nk ? (int)__fns(here, 0, lane + 1) : 0;
+        unsigned rest = here;  // lane u: drop the u lowest live ks, take the next
+        for (int i = 0; i < lane && rest; ++i) rest &= rest - 1;
+        const int ku = lane < nk ? __ffs(rest) - 1 : 0;
         const int sku = __shfl_sync(0xffffffffu, mine, ku);
         const float wu = __shfl_sync(0xffffffffu, wmine, ku);
         float wv[SEND_BULK_ROWS];
