@@ -31,6 +31,7 @@ struct PadArgs {
   int f32_transfer;    // the partials are rounded to float32, not out_dtype
   int slices;          // combine receive: a row's 16-byte chunks cut into this many warp items
   int send_slices;     // PADDED_PARTIALS' send: a token's partial cut into this many warp items
+  int send_bulk;       // PADDED_PARTIALS' send: a slice's rows by bulk copies (pad_layout: where it applies)
   int row_slices;      // dispatch: a row's 16-byte vectors cut into this many warp items
   unsigned long long* state;  // [0] latest dispatch round, [1] send blocks that have read it this
                               // launch, [2 + e] expert e's rows sent this round
@@ -432,6 +433,13 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) PadVec {
   T v[N];
 };
 
+// The partials' send by bulk copies (round 83): a warp's buffer holds SEND_BULK_ROWS rows of a
+// sub-slice of SEND_BULK_CHUNKS 16-byte chunks (8 KB; 128 KB a block), so a slice's rows (a 1- to
+// 128-token call at world size 1: 8 rows of 56 chunks) arrive in one load latency, where registers
+// hold one pass of 32 chunks (two latencies a slice).
+constexpr int SEND_BULK_ROWS = 8, SEND_BULK_CHUNKS = 64;
+constexpr int SEND_BULK_SMEM = NWARPS * SEND_BULK_ROWS * SEND_BULK_CHUNKS * 16;
+
 // PADDED_PARTIALS=1: the contiguous combine's structure in the padded layout. Item (source group g,
 // token t, slice) a warp: the token's slots here come from the dispatch's round-tagged slot words
 // (a token with none this round skips at once: no scan of the counts, no lead slot to find); the
@@ -453,6 +461,19 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
   const int gwarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nwarps = (gridDim.x * blockDim.x) >> 5;
   const auto* tslots = reinterpret_cast<const unsigned long long*>(a.base + a.off_tslots);
+  // send_bulk: this warp's buffer and mbarrier (its phase parity flips once a sub-slice).
+  extern __shared__ __align__(16) unsigned char send_buf[];
+  __shared__ __align__(8) unsigned long long send_bar[NWARPS];
+  const unsigned buf_sa = smem_addr(send_buf + (threadIdx.x >> 5) * (SEND_BULK_ROWS * SEND_BULK_CHUNKS * 16));
+  const unsigned bar_sa = smem_addr(&send_bar[threadIdx.x >> 5]);
+  unsigned parity = 0;
+  if (sizeof(OT) == sizeof(XT) && a.send_bulk) {
+    if (lane == 0) {
+      mbar_init(&send_bar[threadIdx.x >> 5], 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
   stamp_exit(ST_PAD_SCANNED);
   const int chunks = a.part_bytes / 16;
   const int H = a.out_bytes / (int)sizeof(OT);
@@ -470,6 +491,54 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
     const int nk = __popc(here);
     const float wmine = weighted && mine >= 0 ? in.w[mine] : 1.0f;
     const int c1 = min(chunks, (slice + 1) * sper);
+    if constexpr (sizeof(OT) == sizeof(XT)) {  // a y chunk is a partial's chunk: 16 bytes
+      if (a.send_bulk) {  // nk <= topk <= SEND_BULK_ROWS
+        // Lane u < nk copies the u-th live k's row (k ascending: the contract's order).
+        unsigned rest = here;  // lane u: drop the u lowest live ks, take the next
+        for (int i = 0; i < lane && rest; ++i) rest &= rest - 1;
+        const int ku = lane < nk ? __ffs(rest) - 1 : 0;
+        const int sku = __shfl_sync(0xffffffffu, mine, ku);
+        const float wu = __shfl_sync(0xffffffffu, wmine, ku);
+        float wv[SEND_BULK_ROWS];
+#pragma unroll
+        for (int u = 0; u < SEND_BULK_ROWS; ++u) wv[u] = __shfl_sync(0xffffffffu, wu, u);
+        const char* src = in.y + (long long)(lane < nk ? sku : 0) * a.out_bytes;
+        for (int s0 = slice * sper; s0 < c1; s0 += SEND_BULK_CHUNKS) {
+          const int s1 = min(c1, s0 + SEND_BULK_CHUNKS);
+          const unsigned bytes = (unsigned)(s1 - s0) * 16u;
+          if (lane == 0) mbar_arrive_expect(bar_sa, bytes * (unsigned)nk);
+          if (lane < nk) bulk_load(buf_sa + lane * (SEND_BULK_CHUNKS * 16), src + (long long)s0 * 16, bytes, bar_sa);
+          mbar_wait(bar_sa, parity);
+          parity ^= 1u;
+          for (int c = s0 + lane; c < s1; c += 32) {
+            float acc[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < SEND_BULK_ROWS; ++u) {
+              if (u >= nk) break;
+              const int4 raw = lds16(buf_sa + (u * SEND_BULK_CHUNKS + (c - s0)) * 16);
+              const YV y = *reinterpret_cast<const YV*>(&raw);
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) {
+                const float yv = pad_to_float(y.v[v]);
+                acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv[u]) : yv);
+              }
+            }
+            PadVec<XT, VEC> part;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
+            const int4 word = *reinterpret_cast<const int4*>(&part);
+            for (int j = 0; j < p.tp; ++j) {
+              char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + t) * 2LL * a.part_bytes;
+              st_tagged_int4(dst + (long long)c * 32, word, round);
+            }
+          }
+          __syncwarp();  // every lane has read the buffer the next sub-slice's copies refill
+        }
+        continue;
+      }
+    }
     for (int cb = slice * sper; cb < c1; cb += 32) {
       const int c = cb + lane;
       const bool live = c < c1;  // every lane takes the shuffles below (full-mask)

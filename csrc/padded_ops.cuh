@@ -35,6 +35,9 @@ static PadCtx pad_layout(const Params& p, const std::vector<int64_t>& cfg) {
   a.part_bytes = a.f32_transfer ? p.H * 4 : a.out_bytes;
   a.mask_words = (p.M + 31) / 32;
   a.slices = a.send_slices = a.row_slices = 1;
+  // The partials' send by bulk copies where a y chunk is a partial's (16 bytes each way) and a
+  // token's rows fit a warp's buffer (round 83).
+  a.send_bulk = a.partials && a.part_bytes == a.out_bytes && p.topk <= SEND_BULK_ROWS;
   MOE_CHECK(a.row_bytes % 16 == 0 && a.out_bytes % 16 == 0 && a.scale_bytes % 4 == 0,
             "pad: rows must be multiples of 16 bytes");
   MOE_CHECK(p.topk <= 32, "pad: topk <= 32");
@@ -74,6 +77,12 @@ int64_t pad_create(int64_t ctx, int64_t base, std::vector<int64_t> cfg) {
   MOE_CHECK(px->mask_smem <= 200 * 1024, "pad: the token masks (", px->mask_smem, " bytes) exceed shared memory");
   MOE_CHECK(((long long)p.L * p.G + 1) * 4 <= 40 * 1024, "pad: the combine's pair scan exceeds shared memory");
   CUDA_OK(cudaFuncSetAttribute(pad_dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)px->mask_smem));
+  if (px->a.send_bulk) {
+    for (const void* k : {(const void*)pad_combine_partials_kernel<__nv_bfloat16, __nv_bfloat16>,
+                          (const void*)pad_combine_partials_kernel<__half, __half>,
+                          (const void*)pad_combine_partials_kernel<float, float>})
+      CUDA_OK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SEND_BULK_SMEM));
+  }
   return reinterpret_cast<int64_t>(px.release());
 }
 
@@ -179,6 +188,11 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
   // 13 empty tokens to skip one after another, 10.5 us against 8.3 at 32 tokens).
   const long long sent = (long long)p.G * p.M;
   a.send_slices = (int)std::max(1LL, std::min<long long>((long long)p.num_sms * NWARPS / sent, chunks / 32));
+  // Bulk copies only where the call's live send items (about G * rows * S) take at most half the
+  // GPU's warps: with every warp sending (128 tokens at world size 1) each SM's bulk copies queue
+  // behind one another and the register path's two passes were 1.0 us faster with the rows in L2
+  // (run 51 call 5; 0.3-0.8 us slower at 1 and 32 tokens).
+  a.send_bulk = a.send_bulk && 2LL * p.G * rows * a.send_slices <= (long long)p.num_sms * NWARPS;
   const PadCombIn in{reinterpret_cast<const char*>(y.data_ptr()), w ? w->data_ptr<float>() : nullptr,
                      counts.data_ptr<int>(), ids.data_ptr<int>(), ntok ? ntok->data_ptr<int>() : nullptr,
                      (int)n_host, (int)out.size(0)};
@@ -186,7 +200,7 @@ void pad_combine(const at::Tensor& y, const std::optional<at::Tensor>& w, const 
                                                a.partials ? sent * a.send_slices : 0LL}));
   // The per-row flags' combine scans the counts into pair_first (pad_create checks it fits); the
   // partials' combine takes its items from the dispatch's slot words, no scan.
-  const size_t scan_smem = a.partials ? 0 : ((size_t)p.L * p.G + 1) * 4;
+  const size_t scan_smem = a.partials ? (a.send_bulk ? SEND_BULK_SMEM : 0) : ((size_t)p.L * p.G + 1) * 4;
   auto launch = [&](auto kernel, auto* o) { kernel<<<blocks, NTHREADS, scan_smem, stream>>>(p, a, in, o); };
   auto* bf = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
   auto* hf = reinterpret_cast<__half*>(out.data_ptr());
