@@ -434,9 +434,10 @@ struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) PadVec {
 };
 
 // The partials' send by bulk copies (round 83): a warp's buffer holds SEND_BULK_ROWS rows of a
-// sub-slice of SEND_BULK_CHUNKS 16-byte chunks (8 KB; 128 KB a block), so a slice's rows (a 1- to
-// 128-token call at world size 1: 8 rows of 56 chunks) arrive in one load latency, where registers
-// hold one pass of 32 chunks (two latencies a slice).
+// sub-slice of SEND_BULK_CHUNKS 16-byte chunks (8 KB; 128 KB a block), so a slice's rows (at world
+// size 1: 8 rows of 56 chunks) arrive in one load latency, where registers hold one pass of 32
+// chunks (two latencies a slice). Small calls only (pad_combine: half the GPU's warps or fewer
+// sending); with every warp sending, an SM's bulk copies queue behind one another.
 constexpr int SEND_BULK_ROWS = 8, SEND_BULK_CHUNKS = 64;
 constexpr int SEND_BULK_SMEM = NWARPS * SEND_BULK_ROWS * SEND_BULK_CHUNKS * 16;
 
