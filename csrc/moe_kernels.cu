@@ -125,6 +125,7 @@ struct Ctx {
   // side stream's grid (round 53, the default), or every one (round 52's default).
   enum class Whole { Never, ByCall, Every } whole_combine = Whole::ByCall;
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
+  bool step_bulk = true;  // the two-kernel send's small calls load a step's rows by bulk copies (step_bulk_call)
   double ce_decay = CE_DECAY;  // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   // The chunks' flags copied by the copy engines behind their rows, no flag kernel (round 60,
@@ -502,6 +503,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
                       : whole && whole[0] == '1'                                ? Ctx::Whole::Every
                                                                                 : Ctx::Whole::ByCall;
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
+  cx->step_bulk = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -1063,9 +1065,10 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, int TAGGED = TAG_NONE>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
-  constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
-                       : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
-                                             : 0;
+  constexpr int smem = LOADS == LOADS_ASYNC        ? NWARPS * async_warp_int4s<TY, N>() * 16
+                       : LOADS == LOADS_BULK      ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
+                       : LOADS == LOADS_STEP_BULK ? step_bulk_smem<TY, N>() + NWARPS * 8
+                                                  : 0;
   constexpr auto kernel = combine_send_kernel<NVL, TY, TX, N, LOADS, TAGGED, FUSED>;
   static const int regs = [] {
     if (smem) CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1081,19 +1084,29 @@ static TagForm tag_form(const Params& p) {
 }
 
 // Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
-// as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
+// as p.comb_loads says when the chunks are 16-byte vectors; the two-kernel send's by a step's
+// bulk copies where `step_bulk` says and the chunks allow); returns the registers one of its
 // blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                                 cudaStream_t s) {
+                                 bool step_bulk, cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
-  if constexpr (TAGGED_VEC<TX, N>) {
-    if (!rs && tag_form(p) == TAG_EVERY)
-      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
-    if (!rs && tag_form(p) == TAG_BY_CALL)
-      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+  if (!rs) {
+    // The two-kernel send, in the arena's tagged form, its loads by registers or (small calls) a step's bulk copies.
+    auto two_kernel = [&]<int LOADS>() {
+      if constexpr (TAGGED_VEC<TX, N>) {
+        if (tag_form(p) == TAG_EVERY)
+          return launch_send_variant<NVL, TY, TX, N, false, LOADS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+        if (tag_form(p) == TAG_BY_CALL)
+          return launch_send_variant<NVL, TY, TX, N, false, LOADS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+      }
+      return launch_send_variant<NVL, TY, TX, N, false, LOADS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+    };
+    if constexpr (N * sizeof(TY) % 16 == 0) {
+      if (step_bulk && reinterpret_cast<uintptr_t>(y) % 16 == 0) return two_kernel.template operator()<LOADS_STEP_BULK>();
+    }
+    return two_kernel.template operator()<LOADS_REGS>();
   }
-  if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
       if (p.comb_loads == LOADS_BULK)
@@ -1107,16 +1120,16 @@ static int launch_combine_send_n(const Params& p, int blocks, const void* y, con
 
 template <bool NVL, typename TY, typename TX>
 static int launch_combine_send(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                               cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, blocks, y, w, rs, s)
-                      : launch_combine_send_n<NVL, TY, TX, 1>(p, blocks, y, w, rs, s);
+                               bool step_bulk, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, blocks, y, w, rs, step_bulk, s)
+                      : launch_combine_send_n<NVL, TY, TX, 1>(p, blocks, y, w, rs, step_bulk, s);
 }
 
 template <bool NVL, typename TY>
 static int launch_combine_send_x(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                                 cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, blocks, y, w, rs, s);
-  return launch_combine_send<NVL, TY, TY>(p, blocks, y, w, rs, s);
+                                 bool step_bulk, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, blocks, y, w, rs, step_bulk, s);
+  return launch_combine_send<NVL, TY, TY>(p, blocks, y, w, rs, step_bulk, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -1194,18 +1207,26 @@ static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int
   return launched;
 }
 
+// Round 84: whether a two-kernel send of a call of `rows` tokens loads a step's rows by bulk copies
+// (sum_rows_step_bulk_items): every row of an item at once needs topk <= STEP_BULK_ROWS.
+constexpr long long STEP_BULK_MAX_TOKENS = 1LL << 30;
+static bool step_bulk_call(const Ctx& cx, long long rows) {
+  return cx.step_bulk && cx.p.topk <= STEP_BULK_ROWS && rows >= 1 && rows <= STEP_BULK_MAX_TOKENS;
+}
+
 // The combine send of the arena's transport and dtypes (fused with the receive when `rs` is
-// given); returns the registers one of its blocks takes.
+// given) for a call of `rows` tokens; returns the registers one of its blocks takes.
 static int launch_combine_send_any(const Ctx& cx, const void* yp, const float* wp, const RecvArgs<void>* rs,
-                                   cudaStream_t ks) {
+                                   long long rows, cudaStream_t ks) {
   const Params& p = cx.p;
   const int b = cx.grids.comb_send;
+  const bool sb = step_bulk_call(cx, rows);
   int send_regs = 0;
-#define CS(NVL)                                                                               \
-  switch (p.out_code) {                                                                       \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, b, yp, wp, rs, ks); break;  \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, b, yp, wp, rs, ks); break;         \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, b, yp, wp, rs, ks); break;    \
+#define CS(NVL)                                                                                   \
+  switch (p.out_code) {                                                                           \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, b, yp, wp, rs, sb, ks); break;  \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, b, yp, wp, rs, sb, ks); break;         \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, b, yp, wp, rs, sb, ks); break;    \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS
@@ -1235,7 +1256,7 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     ks = cx.side;
   }
-  const int send_regs = launch_combine_send_any(cx, yp, wp, fused ? &ra : nullptr, ks);
+  const int send_regs = launch_combine_send_any(cx, yp, wp, fused ? &ra : nullptr, has_recv ? out->size(0) : -1, ks);
   at::Tensor dep_out = at::empty({0}, y.options().dtype(at::kInt));
   if (overlap) {
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
@@ -1295,7 +1316,8 @@ void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, cons
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   MOE_CHECK(!cx.comb_out.defined(), "combine_whole: a combine_send is pending (call combine_recv first)");
   const RecvArgs<void> ra = recv_args(ids, ntok, n_host, out);
-  const int send_regs = launch_combine_send_any(cx, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, s);
+  const int send_regs =
+      launch_combine_send_any(cx, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, out.size(0), s);
   // Would it not fit beside the send, the receive runs alone after it.
   if (!launch_combine_recv_any(cx, ra, send_regs, s, true)) launch_combine_recv_any(cx, ra, 0, s);
 }
