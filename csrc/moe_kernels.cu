@@ -600,17 +600,23 @@ static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
 // A launch that may be programmatic (PDL): the kernel may then start before the one ahead of it
 // on the stream has ended, once every block of that one has triggered its dependents
 // (`launch_dependents`) or exited.
+// max_shared: this launch asks for the largest shared-memory carveout (see max_shared_carveout).
 struct Launch {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute pdl{};
-  Launch(int blocks, int threads, cudaStream_t s, bool programmatic) {
+  cudaLaunchAttribute attrs[2]{};
+  Launch(int blocks, int threads, cudaStream_t s, bool programmatic, bool max_shared = false) {
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);
     cfg.stream = s;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = programmatic ? 1 : 0;
+    cfg.attrs = attrs;
+    if (programmatic) {
+      attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (max_shared) {
+      attrs[cfg.numAttrs].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+      attrs[cfg.numAttrs++].val.sharedMemCarveout = (unsigned)cudaSharedmemCarveoutMaxShared;
+    }
   }
   Launch(const Launch&) = delete;  // cfg.attrs points into this object
 };
@@ -1072,7 +1078,7 @@ static int launch_send_variant(const Params& p, const TY* y, const float* w, Rec
   constexpr auto kernel = combine_send_kernel<NVL, TY, TX, N, LOADS, TAGGED, FUSED>;
   static const int regs = [] {
     if (smem) CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(kernel, NTHREADS, FUSED);
+    return ready_kernel(kernel, NTHREADS, FUSED || LOADS == LOADS_STEP_BULK);
   }();
   kernel<<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
@@ -1141,25 +1147,32 @@ static int launch_combine_send_x(const Params& p, int blocks, const void* y, con
 constexpr int COMB_OVERLAP_THREADS = 128;
 // pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
 // once every send block has started, as the overlapped receive does on the side stream.
+// big_send: the send beside it is a step-bulk one (~142 KB of shared memory a block). An SM takes
+// the shared-memory configuration of the first kernel on it, and one that needs more waits until it
+// drains (round 7): the receive's blocks, at the driver's default carveout, could take the SMs
+// first on the side stream and keep the send, which they wait for, off them (run 52 call 1: a
+// 10 s timeout). So that receive asks for the largest carveout, which fits the send beside it.
 template <typename TX, typename TO, int N, int TAGGED = TAG_NONE>
 static bool launch_combine_recv_n(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
-                                  cudaStream_t s) {
+                                  bool big_send, cudaStream_t s) {
   if constexpr (TAGGED == TAG_NONE && TAGGED_VEC<TX, N>) {
-    if (tag_form(p) == TAG_EVERY) return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, s);
-    if (tag_form(p) == TAG_BY_CALL) return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, s);
+    if (tag_form(p) == TAG_EVERY)
+      return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, big_send, s);
+    if (tag_form(p) == TAG_BY_CALL)
+      return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, big_send, s);
   }
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);
   if (send_regs && send_regs + regs > 65536) return false;
-  Launch launch(blocks, threads, s, pdl);
+  Launch launch(blocks, threads, s, pdl, big_send && send_regs);
   CUDA_OK(cudaLaunchKernelEx(&launch.cfg, combine_recv_kernel<TX, TO, N, TAGGED>, p, typed<TO>(ra)));
   return true;
 }
 template <typename TX, typename TO>
 static bool launch_combine_recv(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
-                                cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, blocks, ra, send_regs, pdl, s)
-                      : launch_combine_recv_n<TX, TO, 1>(p, blocks, ra, send_regs, pdl, s);
+                                bool big_send, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, blocks, ra, send_regs, pdl, big_send, s)
+                      : launch_combine_recv_n<TX, TO, 1>(p, blocks, ra, send_regs, pdl, big_send, s);
 }
 
 // The receive's arguments from the op's tensors.
@@ -1187,31 +1200,32 @@ static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, b
   return wide_recv_blocks(cx, ra.rows);
 }
 
-static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
-                                    bool pdl = false) {
-  const Params& p = cx.p;
-  const int b = recv_blocks(cx, ra, send_regs, pdl);
-  bool launched;
-  switch (p.out_code) {
-    case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, b, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, b, ra, send_regs, pdl, s);
-      break;
-    case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, b, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__half, __half>(p, b, ra, send_regs, pdl, s);
-      break;
-    default: launched = launch_combine_recv<float, float>(p, b, ra, send_regs, pdl, s); break;
-  }
-  CUDA_OK(cudaGetLastError());
-  return launched;
-}
-
 // Round 84: whether a two-kernel send of a call of `rows` tokens loads a step's rows by bulk copies
 // (sum_rows_step_bulk_items): every row of an item at once needs topk <= STEP_BULK_ROWS.
 constexpr long long STEP_BULK_MAX_TOKENS = 1LL << 30;
 static bool step_bulk_call(const Ctx& cx, long long rows) {
   return cx.step_bulk && cx.p.topk <= STEP_BULK_ROWS && rows >= 1 && rows <= STEP_BULK_MAX_TOKENS;
+}
+
+static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
+                                    bool pdl = false) {
+  const Params& p = cx.p;
+  const int b = recv_blocks(cx, ra, send_regs, pdl);
+  const bool big = step_bulk_call(cx, ra.rows);  // the send beside it: launch_combine_send_any's choice
+  bool launched;
+  switch (p.out_code) {
+    case 0:
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, b, ra, send_regs, pdl, big, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, b, ra, send_regs, pdl, big, s);
+      break;
+    case 1:
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, b, ra, send_regs, pdl, big, s)
+                                  : launch_combine_recv<__half, __half>(p, b, ra, send_regs, pdl, big, s);
+      break;
+    default: launched = launch_combine_recv<float, float>(p, b, ra, send_regs, pdl, big, s); break;
+  }
+  CUDA_OK(cudaGetLastError());
+  return launched;
 }
 
 // The combine send of the arena's transport and dtypes (fused with the receive when `rs` is
