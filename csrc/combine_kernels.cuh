@@ -134,7 +134,7 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-// LOADS_STEP_BULK: the two-kernel send's small calls (round 84, sum_rows_step_bulk below).
+// LOADS_STEP_BULK: the two-kernel send's (round 84, sum_rows_step_bulk_items below).
 enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_STEP_BULK = 3 };
 
 // Pipelined row sums (the fused combine send's with MOE_BACKEND_NVSHMEM_COMBINE_BULK=0; the
@@ -412,8 +412,8 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
   }
 }
 
-// Row sums of a small call's two-kernel send (round 84, LOADS_STEP_BULK): a register step's rows
-// (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
+// Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where its receive is not launched by
+// PDL behind it, step_bulk_call): a register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
 // this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
 // batches of ROW_BATCH rows take two (round 83 did the same for the padded combine's send:
 // 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,
