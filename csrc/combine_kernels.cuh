@@ -412,8 +412,8 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
   }
 }
 
-// Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where its receive is not launched by
-// PDL behind it, step_bulk_call): a register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
+// Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where step_bulk_call says): a
+// register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
 // this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
 // batches of ROW_BATCH rows take two (round 83 did the same for the padded combine's send:
 // 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,

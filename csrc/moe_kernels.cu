@@ -41,7 +41,9 @@ namespace moe {
 // except the two-kernel combine (send without the fused receive, and the receive): round 16
 // measured it faster at the driver's default (128-token decode combine 25.6 -> 23.4 us, 1 token
 // 16.4 -> 15.6, 512 tokens 60.3 -> 54.7); elsewhere the default measured no better (prefill
-// 229.7 / 221.9 against 229.6 / 222.0 us), so the other kernels keep the largest.
+// 229.7 / 221.9 against 229.6 / 222.0 us), so the other kernels keep the largest. Round 84's
+// step-bulk send (~142 KB a block) asks for the largest too, and the receive beside it for the
+// largest by its launch (launch_combine_recv_n).
 // MOE_BACKEND_NVSHMEM_CARVEOUT=1 / =0: the largest / the default for every kernel.
 static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
@@ -125,7 +127,7 @@ struct Ctx {
   // side stream's grid (round 53, the default), or every one (round 52's default).
   enum class Whole { Never, ByCall, Every } whole_combine = Whole::ByCall;
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
-  bool step_bulk = true;  // the two-kernel send loads a step's rows by bulk copies, receive not by PDL (step_bulk_call)
+  bool step_bulk = true;  // the two-kernel send loads a step's rows by bulk copies (step_bulk_call)
   double ce_decay = CE_DECAY;  // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   // The chunks' flags copied by the copy engines behind their rows, no flag kernel (round 60,
@@ -1201,22 +1203,19 @@ static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, b
 }
 
 // Round 84: whether a two-kernel send loads a step's rows by bulk copies (sum_rows_step_bulk_items;
-// every row of an item at once: topk <= STEP_BULK_ROWS), given whether its receive is launched by
-// PDL behind it. Run 52 call 2 (world size 1, DeepSeek decode, 1 / 16 / 32 / 64 / 128 tokens):
-// with the receive on the side stream (the whole combine's smaller calls, every split combine) the
-// combine took 7.4-7.8 / 8.0 / 8.5 us against 7.4-7.5 / 9.5-9.6 / 9.8-9.9 and the split form
-// 9.8-9.9 / 10.2 / 12.8-12.9 / 18.7-18.9 at 16-128 tokens against 11.1-11.3 / 11.6 / 14.9-15.0 /
-// 23.5; behind a PDL receive (the whole combine's larger calls) 11.6-11.7 / 14.4-14.7 at 64 / 128
-// against 11.7-11.8 / 14.0-14.5: no gain there, so those keep the registers.
-static bool step_bulk_call(const Ctx& cx, bool pdl_recv) {
-  return cx.step_bulk && cx.p.topk <= STEP_BULK_ROWS && !pdl_recv;
-}
+// every row of an item at once: topk <= STEP_BULK_ROWS). Run 52 calls 2-4 (world size 1, DeepSeek
+// decode, 1 / 16 / 32 / 64 / 128 tokens, main beside it): the whole combine 7.4-7.8 / 8.0 / 8.5 /
+// 11.6-11.7 / 14.4-14.7 us against 7.4-7.5 / 9.5-9.6 / 9.8-9.9 / 11.6-11.8 / 14.0-14.5, the split
+// combine 9.2-9.3 / 9.8-9.9 / 10.2 / 12.8-12.9 / 18.6-18.9 against 9.1 / 11.1-11.3 / 11.6 /
+// 14.7-15.1 / 23.5-23.8. (Keeping the registers where the receive follows by PDL, 64 tokens on,
+// measured 12.1-12.3 at 64 tokens and 13.9-14.2 at 128.)
+static bool step_bulk_call(const Ctx& cx) { return cx.step_bulk && cx.p.topk <= STEP_BULK_ROWS; }
 
 static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
                                     bool pdl = false) {
   const Params& p = cx.p;
   const int b = recv_blocks(cx, ra, send_regs, pdl);
-  const bool big = step_bulk_call(cx, pdl);  // the send beside it: launch_combine_send_any's choice
+  const bool big = step_bulk_call(cx);  // the send beside it: launch_combine_send_any's choice
   bool launched;
   switch (p.out_code) {
     case 0:
@@ -1234,12 +1233,12 @@ static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int
 }
 
 // The combine send of the arena's transport and dtypes (fused with the receive when `rs` is
-// given; pdl_recv: its receive follows by PDL); returns the registers one of its blocks takes.
+// given); returns the registers one of its blocks takes.
 static int launch_combine_send_any(const Ctx& cx, const void* yp, const float* wp, const RecvArgs<void>* rs,
-                                   bool pdl_recv, cudaStream_t ks) {
+                                   cudaStream_t ks) {
   const Params& p = cx.p;
   const int b = cx.grids.comb_send;
-  const bool sb = step_bulk_call(cx, pdl_recv);
+  const bool sb = step_bulk_call(cx);
   int send_regs = 0;
 #define CS(NVL)                                                                                   \
   switch (p.out_code) {                                                                           \
@@ -1275,7 +1274,7 @@ at::Tensor combine_send(const at::Tensor& y, const std::optional<at::Tensor>& w,
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
     ks = cx.side;
   }
-  const int send_regs = launch_combine_send_any(cx, yp, wp, fused ? &ra : nullptr, false, ks);
+  const int send_regs = launch_combine_send_any(cx, yp, wp, fused ? &ra : nullptr, ks);
   at::Tensor dep_out = at::empty({0}, y.options().dtype(at::kInt));
   if (overlap) {
     CUDA_OK(cudaStreamWaitEvent(cx.side, cx.fork, 0));
@@ -1335,7 +1334,7 @@ void combine_whole(const at::Tensor& y, const std::optional<at::Tensor>& w, cons
   cudaStream_t s = c10::cuda::getCurrentCUDAStream();
   MOE_CHECK(!cx.comb_out.defined(), "combine_whole: a combine_send is pending (call combine_recv first)");
   const RecvArgs<void> ra = recv_args(ids, ntok, n_host, out);
-  const int send_regs = launch_combine_send_any(cx, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, true, s);
+  const int send_regs = launch_combine_send_any(cx, y.data_ptr(), w ? w->data_ptr<float>() : nullptr, nullptr, s);
   // Would it not fit beside the send, the receive runs alone after it.
   if (!launch_combine_recv_any(cx, ra, send_regs, s, true)) launch_combine_recv_any(cx, ra, 0, s);
 }
