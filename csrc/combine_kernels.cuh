@@ -134,7 +134,8 @@ constexpr int chunks_per_step() { return N * sizeof(T) >= 32 ? 1 : 2; }
 constexpr int ROW_BATCH = 4;
 // How the fused combine send loads its expert rows (Params::comb_loads): into registers
 // (sum_rows), by cp.async into shared memory (sum_rows_pipelined), by bulk copies (sum_rows_bulk).
-enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2 };
+// LOADS_STEP_BULK: the two-kernel send's (round 84, sum_rows_step_bulk_items below).
+enum RowLoads : int { LOADS_REGS = 0, LOADS_ASYNC = 1, LOADS_BULK = 2, LOADS_STEP_BULK = 3 };
 
 // Pipelined row sums (the fused combine send's with MOE_BACKEND_NVSHMEM_COMBINE_BULK=0; the
 // default with the whole GPU until run 43): the row loads go to shared memory by cp.async,
@@ -411,6 +412,47 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
   }
 }
 
+// Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where step_bulk_call says): a
+// register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
+// this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
+// batches of ROW_BATCH rows take two (round 83 did the same for the padded combine's send:
+// 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,
+// the first added to 0.0f. parity: the phase this warp's barrier completes next, carried from
+// item to item (it flips once a step).
+constexpr int STEP_BULK_ROWS = 8;
+template <typename T, int N>
+constexpr int step_bulk_row_bytes() { return 32 * N * chunks_per_step<T, N>() * (int)sizeof(T); }
+template <typename T, int N>
+constexpr int step_bulk_smem() { return NWARPS * STEP_BULK_ROWS * step_bulk_row_bytes<T, N>(); }
+template <typename T, int N, bool WT, typename Emit>
+__device__ __forceinline__ void sum_rows_step_bulk_items(const T* const* rows, const float* ws, int nk, int h0, int h1,
+                                                         unsigned buf_sa, unsigned bar_sa, unsigned& parity,
+                                                         Emit&& emit) {
+  static_assert(N * sizeof(T) % 16 == 0, "bulk copies move whole 16-byte pieces");
+  constexpr int C = chunks_per_step<T, N>(), STEP = 32 * N * C, ROW = step_bulk_row_bytes<T, N>();
+  const int lane = threadIdx.x & 31;
+  const T* const mine = lane < nk ? rows[lane] : nullptr;  // lane j copies row j
+  const unsigned lane_sa = buf_sa + (unsigned)lane * vec_pieces<T, N>() * 16;
+  for (int h = h0; h < h1; h += STEP) {
+    const unsigned bytes = (unsigned)((h1 - h < STEP ? h1 - h : STEP) * (int)sizeof(T));
+    if (lane == 0) mbar_arrive_expect(bar_sa, bytes * (unsigned)nk);
+    if (lane < nk) bulk_load(buf_sa + lane * ROW, mine + h, bytes, bar_sa);
+    mbar_wait(bar_sa, parity);
+    parity ^= 1u;
+    float acc[C][N];
+    VecT<T, N> raw[C];
+    read_stage<T, N, C>(raw, lane_sa);
+    add_row_scaled<T, N, C, WT, true>(acc, raw, WT ? ws[0] : 1.0f);
+#pragma unroll 1
+    for (int j = 1; j < nk; ++j) {
+      read_stage<T, N, C>(raw, lane_sa + j * ROW);
+      add_row_scaled<T, N, C, WT>(acc, raw, WT ? ws[j] : 1.0f);
+    }
+    emit(h + lane * N, acc);  // lanes past h1 read stale bytes; emit stores nothing past h1
+    __syncwarp();             // every lane has read the buffer the next step's copies refill
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Combine send: raise the round barrier at every rank, then one warp per source token held
 // here sums its rows in k order (float32, no FMA), rounds to the transfer dtype and sends
@@ -589,6 +631,19 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     }
     __syncwarp();
   }
+  // LOADS_STEP_BULK: this warp's buffer of STEP_BULK_ROWS rows, then its mbarrier.
+  unsigned step_buf_sa = 0, step_bar_sa = 0, step_parity = 0;
+  if constexpr (LOADS == LOADS_STEP_BULK) {
+    char* base = reinterpret_cast<char*>(async_smem);
+    step_buf_sa = smem_addr(base + warp * (STEP_BULK_ROWS * step_bulk_row_bytes<TY, N>()));
+    auto* bar = reinterpret_cast<unsigned long long*>(base + step_bulk_smem<TY, N>()) + warp;
+    step_bar_sa = smem_addr(bar);
+    if (lane == 0) {
+      mbar_init(bar, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
   const int topk = p.topk, H = p.H, M = p.M, G = p.G;
   if (const int r = entering_peer(p); r >= 0) {
     // "entered" orders nothing of this kernel, like the dispatch's: a release store will do
@@ -599,7 +654,9 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
   const int S = call_slices(p);
   // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb; by call for TAG_BY_CALL):
   // the two-kernel nvlink combine with register row loads and whole 16-byte vectors.
-  static_assert(!TAGGED || (!FUSED && LOADS == LOADS_REGS && TAGGED_VEC<TX, N>), "no tagged form here");
+  static_assert(!TAGGED || (!FUSED && (LOADS == LOADS_REGS || LOADS == LOADS_STEP_BULK) && TAGGED_VEC<TX, N>),
+                "no tagged form here");
+  static_assert(LOADS != LOADS_STEP_BULK || !FUSED, "step bulk loads: the two-kernel send's");
   const bool tagged = call_tagged<TAGGED>(p);
   // Items (t, g, slice) only up to this round's largest source-token count (published by the
   // plan): past it no (g, t) has a row, and a fused combine would pay a work-counter atomic
@@ -613,7 +670,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
-    const int nk = gather_rows<TY, LOADS == LOADS_REGS>(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
+    const int nk = gather_rows<TY, LOADS == LOADS_REGS || LOADS == LOADS_STEP_BULK>(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
@@ -660,7 +717,10 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
         }
       }
     };
-    if constexpr (LOADS == LOADS_BULK) {
+    if constexpr (LOADS == LOADS_STEP_BULK) {
+      if (w) sum_rows_step_bulk_items<TY, N, true>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa, step_parity, emit);
+      else sum_rows_step_bulk_items<TY, N, false>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa, step_parity, emit);
+    } else if constexpr (LOADS == LOADS_BULK) {
       sum_rows_bulk<TY, N>(sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {
       sum_rows_pipelined<TY, N>(sh_rows[warp], w ? sh_w[warp] : nullptr, nk, h0, h1,

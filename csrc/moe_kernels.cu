@@ -41,7 +41,9 @@ namespace moe {
 // except the two-kernel combine (send without the fused receive, and the receive): round 16
 // measured it faster at the driver's default (128-token decode combine 25.6 -> 23.4 us, 1 token
 // 16.4 -> 15.6, 512 tokens 60.3 -> 54.7); elsewhere the default measured no better (prefill
-// 229.7 / 221.9 against 229.6 / 222.0 us), so the other kernels keep the largest.
+// 229.7 / 221.9 against 229.6 / 222.0 us), so the other kernels keep the largest. Round 84's
+// step-bulk send (~142 KB a block) asks for the largest too, and the receive beside it for the
+// largest by its launch (launch_combine_recv_n).
 // MOE_BACKEND_NVSHMEM_CARVEOUT=1 / =0: the largest / the default for every kernel.
 static bool env_switch(const char* name, bool dflt, bool can_force = false);
 template <typename K>
@@ -125,6 +127,7 @@ struct Ctx {
   // side stream's grid (round 53, the default), or every one (round 52's default).
   enum class Whole { Never, ByCall, Every } whole_combine = Whole::ByCall;
   bool wide_recv = true;  // a PDL-launched receive takes a warp per item of the call (recv_blocks, round 52)
+  bool step_bulk = true;  // the two-kernel send loads a step's rows by bulk copies (step_bulk_call)
   double ce_decay = CE_DECAY;  // each chunk this fraction of the one before (ce_chunk_starts)
   bool ce_flag_fence = true;  // the flag kernel: one fence, relaxed flag stores (round 38; =0 a release each)
   // The chunks' flags copied by the copy engines behind their rows, no flag kernel (round 60,
@@ -502,6 +505,7 @@ int64_t create_ctx(std::vector<int64_t> c) {
                       : whole && whole[0] == '1'                                ? Ctx::Whole::Every
                                                                                 : Ctx::Whole::ByCall;
   cx->wide_recv = env_switch("MOE_BACKEND_NVSHMEM_WIDE_RECV", true);
+  cx->step_bulk = env_switch("MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK", true);
   if (p->ce_send) {
     // cudaMemcpy into another device's memory is a peer copy; peer access makes it a direct
     // NVLink copy by this device's copy engine. (The configuration measured in round 15; the
@@ -598,17 +602,23 @@ static int copy_bulk_warps(const Params& p, const void* x, const void* tokens) {
 // A launch that may be programmatic (PDL): the kernel may then start before the one ahead of it
 // on the stream has ended, once every block of that one has triggered its dependents
 // (`launch_dependents`) or exited.
+// max_shared: this launch asks for the largest shared-memory carveout (see max_shared_carveout).
 struct Launch {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute pdl{};
-  Launch(int blocks, int threads, cudaStream_t s, bool programmatic) {
+  cudaLaunchAttribute attrs[2]{};
+  Launch(int blocks, int threads, cudaStream_t s, bool programmatic, bool max_shared = false) {
     cfg.gridDim = dim3(blocks);
     cfg.blockDim = dim3(threads);
     cfg.stream = s;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = programmatic ? 1 : 0;
+    cfg.attrs = attrs;
+    if (programmatic) {
+      attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (max_shared) {
+      attrs[cfg.numAttrs].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+      attrs[cfg.numAttrs++].val.sharedMemCarveout = (unsigned)cudaSharedmemCarveoutMaxShared;
+    }
   }
   Launch(const Launch&) = delete;  // cfg.attrs points into this object
 };
@@ -1063,13 +1073,14 @@ static int ready_kernel(K kernel, int threads, bool max_carveout) {
 template <bool NVL, typename TY, typename TX, int N, bool FUSED, int LOADS, int TAGGED = TAG_NONE>
 static int launch_send_variant(const Params& p, const TY* y, const float* w, RecvArgs<TY> ra, int blocks,
                                cudaStream_t s) {
-  constexpr int smem = LOADS == LOADS_ASYNC  ? NWARPS * async_warp_int4s<TY, N>() * 16
-                       : LOADS == LOADS_BULK ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
-                                             : 0;
+  constexpr int smem = LOADS == LOADS_ASYNC        ? NWARPS * async_warp_int4s<TY, N>() * 16
+                       : LOADS == LOADS_BULK      ? NWARPS * (bulk_warp_bytes<TY, N>() + BULK_STAGES * 8)
+                       : LOADS == LOADS_STEP_BULK ? step_bulk_smem<TY, N>() + NWARPS * 8
+                                                  : 0;
   constexpr auto kernel = combine_send_kernel<NVL, TY, TX, N, LOADS, TAGGED, FUSED>;
   static const int regs = [] {
     if (smem) CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return ready_kernel(kernel, NTHREADS, FUSED);
+    return ready_kernel(kernel, NTHREADS, FUSED || LOADS == LOADS_STEP_BULK);
   }();
   kernel<<<blocks, NTHREADS, smem, s>>>(p, y, w, ra);
   return regs;
@@ -1081,19 +1092,29 @@ static TagForm tag_form(const Params& p) {
 }
 
 // Launches the combine send (fused with the receive when `rs` is given, with its rows loaded
-// as p.comb_loads says when the chunks are 16-byte vectors); returns the registers one of its
+// as p.comb_loads says when the chunks are 16-byte vectors; the two-kernel send's by a step's
+// bulk copies where `step_bulk` says and the chunks allow); returns the registers one of its
 // blocks takes.
 template <bool NVL, typename TY, typename TX, int N>
 static int launch_combine_send_n(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                                 cudaStream_t s) {
+                                 bool step_bulk, cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
-  if constexpr (TAGGED_VEC<TX, N>) {
-    if (!rs && tag_form(p) == TAG_EVERY)
-      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
-    if (!rs && tag_form(p) == TAG_BY_CALL)
-      return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+  if (!rs) {
+    // The two-kernel send, in the arena's tagged form, its loads by registers or (small calls) a step's bulk copies.
+    auto two_kernel = [&]<int LOADS>() {
+      if constexpr (TAGGED_VEC<TX, N>) {
+        if (tag_form(p) == TAG_EVERY)
+          return launch_send_variant<NVL, TY, TX, N, false, LOADS, TAG_EVERY>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+        if (tag_form(p) == TAG_BY_CALL)
+          return launch_send_variant<NVL, TY, TX, N, false, LOADS, TAG_BY_CALL>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+      }
+      return launch_send_variant<NVL, TY, TX, N, false, LOADS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
+    };
+    if constexpr (N * sizeof(TY) % 16 == 0) {
+      if (step_bulk && reinterpret_cast<uintptr_t>(y) % 16 == 0) return two_kernel.template operator()<LOADS_STEP_BULK>();
+    }
+    return two_kernel.template operator()<LOADS_REGS>();
   }
-  if (!rs) return launch_send_variant<NVL, TY, TX, N, false, LOADS_REGS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
   if constexpr (N * sizeof(TY) % 16 == 0) {
     if (reinterpret_cast<uintptr_t>(y) % 16 == 0) {
       if (p.comb_loads == LOADS_BULK)
@@ -1107,16 +1128,16 @@ static int launch_combine_send_n(const Params& p, int blocks, const void* y, con
 
 template <bool NVL, typename TY, typename TX>
 static int launch_combine_send(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                               cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, blocks, y, w, rs, s)
-                      : launch_combine_send_n<NVL, TY, TX, 1>(p, blocks, y, w, rs, s);
+                               bool step_bulk, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_send_n<NVL, TY, TX, 8>(p, blocks, y, w, rs, step_bulk, s)
+                      : launch_combine_send_n<NVL, TY, TX, 1>(p, blocks, y, w, rs, step_bulk, s);
 }
 
 template <bool NVL, typename TY>
 static int launch_combine_send_x(const Params& p, int blocks, const void* y, const float* w, const RecvArgs<void>* rs,
-                                 cudaStream_t s) {
-  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, blocks, y, w, rs, s);
-  return launch_combine_send<NVL, TY, TY>(p, blocks, y, w, rs, s);
+                                 bool step_bulk, cudaStream_t s) {
+  if (p.xfer_code == 2) return launch_combine_send<NVL, TY, float>(p, blocks, y, w, rs, step_bulk, s);
+  return launch_combine_send<NVL, TY, TY>(p, blocks, y, w, rs, step_bulk, s);
 }
 
 // The combine receive, alone (send_regs == 0: NTHREADS-thread blocks) or concurrently with a
@@ -1128,25 +1149,32 @@ static int launch_combine_send_x(const Params& p, int blocks, const void* y, con
 constexpr int COMB_OVERLAP_THREADS = 128;
 // pdl: launched programmatically behind the send on the same stream (combine_whole): it may start
 // once every send block has started, as the overlapped receive does on the side stream.
+// big_send: the send beside it is a step-bulk one (~142 KB of shared memory a block). An SM takes
+// the shared-memory configuration of the first kernel on it, and one that needs more waits until it
+// drains (round 7): the receive's blocks, at the driver's default carveout, could take the SMs
+// first on the side stream and keep the send, which they wait for, off them (run 52 call 1: a
+// 10 s timeout). So that receive asks for the largest carveout, which fits the send beside it.
 template <typename TX, typename TO, int N, int TAGGED = TAG_NONE>
 static bool launch_combine_recv_n(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
-                                  cudaStream_t s) {
+                                  bool big_send, cudaStream_t s) {
   if constexpr (TAGGED == TAG_NONE && TAGGED_VEC<TX, N>) {
-    if (tag_form(p) == TAG_EVERY) return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, s);
-    if (tag_form(p) == TAG_BY_CALL) return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, s);
+    if (tag_form(p) == TAG_EVERY)
+      return launch_combine_recv_n<TX, TO, N, TAG_EVERY>(p, blocks, ra, send_regs, pdl, big_send, s);
+    if (tag_form(p) == TAG_BY_CALL)
+      return launch_combine_recv_n<TX, TO, N, TAG_BY_CALL>(p, blocks, ra, send_regs, pdl, big_send, s);
   }
   const int threads = send_regs ? COMB_OVERLAP_THREADS : NTHREADS;
   static const int regs = ready_kernel(combine_recv_kernel<TX, TO, N, TAGGED>, COMB_OVERLAP_THREADS, false);
   if (send_regs && send_regs + regs > 65536) return false;
-  Launch launch(blocks, threads, s, pdl);
+  Launch launch(blocks, threads, s, pdl, big_send && send_regs);
   CUDA_OK(cudaLaunchKernelEx(&launch.cfg, combine_recv_kernel<TX, TO, N, TAGGED>, p, typed<TO>(ra)));
   return true;
 }
 template <typename TX, typename TO>
 static bool launch_combine_recv(const Params& p, int blocks, const RecvArgs<void>& ra, int send_regs, bool pdl,
-                                cudaStream_t s) {
-  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, blocks, ra, send_regs, pdl, s)
-                      : launch_combine_recv_n<TX, TO, 1>(p, blocks, ra, send_regs, pdl, s);
+                                bool big_send, cudaStream_t s) {
+  return p.H % 8 == 0 ? launch_combine_recv_n<TX, TO, 8>(p, blocks, ra, send_regs, pdl, big_send, s)
+                      : launch_combine_recv_n<TX, TO, 1>(p, blocks, ra, send_regs, pdl, big_send, s);
 }
 
 // The receive's arguments from the op's tensors.
@@ -1174,21 +1202,31 @@ static int recv_blocks(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, b
   return wide_recv_blocks(cx, ra.rows);
 }
 
+// Round 84: whether a two-kernel send loads a step's rows by bulk copies (sum_rows_step_bulk_items;
+// every row of an item at once: topk <= STEP_BULK_ROWS). Run 52 calls 2-4 (world size 1, DeepSeek
+// decode, 1 / 16 / 32 / 64 / 128 tokens, main beside it): the whole combine 7.4-7.8 / 8.0 / 8.5 /
+// 11.6-11.7 / 14.4-14.7 us against 7.4-7.5 / 9.5-9.6 / 9.8-9.9 / 11.6-11.8 / 14.0-14.5, the split
+// combine 9.2-9.3 / 9.8-9.9 / 10.2 / 12.8-12.9 / 18.6-18.9 against 9.1 / 11.1-11.3 / 11.6 /
+// 14.7-15.1 / 23.5-23.8. (Keeping the registers where the receive follows by PDL, 64 tokens on,
+// measured 12.1-12.3 at 64 tokens and 13.9-14.2 at 128.)
+static bool step_bulk_call(const Ctx& cx) { return cx.step_bulk && cx.p.topk <= STEP_BULK_ROWS; }
+
 static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int send_regs, cudaStream_t s,
                                     bool pdl = false) {
   const Params& p = cx.p;
   const int b = recv_blocks(cx, ra, send_regs, pdl);
+  const bool big = step_bulk_call(cx);  // the send beside it: launch_combine_send_any's choice
   bool launched;
   switch (p.out_code) {
     case 0:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, b, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, b, ra, send_regs, pdl, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __nv_bfloat16>(p, b, ra, send_regs, pdl, big, s)
+                                  : launch_combine_recv<__nv_bfloat16, __nv_bfloat16>(p, b, ra, send_regs, pdl, big, s);
       break;
     case 1:
-      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, b, ra, send_regs, pdl, s)
-                                  : launch_combine_recv<__half, __half>(p, b, ra, send_regs, pdl, s);
+      launched = p.xfer_code == 2 ? launch_combine_recv<float, __half>(p, b, ra, send_regs, pdl, big, s)
+                                  : launch_combine_recv<__half, __half>(p, b, ra, send_regs, pdl, big, s);
       break;
-    default: launched = launch_combine_recv<float, float>(p, b, ra, send_regs, pdl, s); break;
+    default: launched = launch_combine_recv<float, float>(p, b, ra, send_regs, pdl, big, s); break;
   }
   CUDA_OK(cudaGetLastError());
   return launched;
@@ -1200,12 +1238,13 @@ static int launch_combine_send_any(const Ctx& cx, const void* yp, const float* w
                                    cudaStream_t ks) {
   const Params& p = cx.p;
   const int b = cx.grids.comb_send;
+  const bool sb = step_bulk_call(cx);
   int send_regs = 0;
-#define CS(NVL)                                                                               \
-  switch (p.out_code) {                                                                       \
-    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, b, yp, wp, rs, ks); break;  \
-    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, b, yp, wp, rs, ks); break;         \
-    default: send_regs = launch_combine_send<NVL, float, float>(p, b, yp, wp, rs, ks); break;    \
+#define CS(NVL)                                                                                   \
+  switch (p.out_code) {                                                                           \
+    case 0: send_regs = launch_combine_send_x<NVL, __nv_bfloat16>(p, b, yp, wp, rs, sb, ks); break;  \
+    case 1: send_regs = launch_combine_send_x<NVL, __half>(p, b, yp, wp, rs, sb, ks); break;         \
+    default: send_regs = launch_combine_send<NVL, float, float>(p, b, yp, wp, rs, sb, ks); break;    \
   }
   if (p.nvl) { CS(true) } else { CS(false) }
 #undef CS

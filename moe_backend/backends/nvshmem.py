@@ -58,6 +58,9 @@ there); `MOE_BACKEND_NVSHMEM_COMBINE_BULK=0` loads the rows by cp.async instead 
 `MOE_BACKEND_NVSHMEM_COMBINE_ASYNC=0` too: into registers).
 Each combine call cuts a token's partial into slices (a warp and a flag each) until it has about
 1024 work items (`MOE_BACKEND_NVSHMEM_COMBINE_ITEMS`), from the round's largest token count.
+The two-kernel combine's send loads a step's expert rows (1 KB each, top-k at most 8) by one bulk
+copy a row into the warp's shared memory, all of an item's rows behind one wait
+(`MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK=0`: registers, four rows a batch).
 The copy kernel of the dispatch receive cuts each token's row into pieces, one warp each,
 when the arena's tokens alone would not fill a block per SM (`MOE_BACKEND_NVSHMEM_COPY_PIECES=k`
 caps the pieces per token; 1 = one warp per token); for such small arenas it is launched

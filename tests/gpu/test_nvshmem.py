@@ -245,6 +245,15 @@ def test_contract_suite_put_tagged_partials():
         _spawn(_contract_under_env, 12, max(4, COUNT // 2), env, ("put",), 8, 4, None, "put")
 
 
+def test_contract_suite_register_send_rows():
+    """The two-kernel combine send's rows by registers, four a batch (COMBINE_STEP_BULK=0; by default,
+    round 84, a step's rows by one bulk copy each into the warp's shared memory where top-k <= 8),
+    tagged partials or not: the same results, rounds and replays, on both transports."""
+    for env in ({"MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK": "0"},
+                {"MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK": "0", "MOE_BACKEND_NVSHMEM_LL_COMBINE": "0"}):
+        _spawn(_contract_under_env, 13, max(4, COUNT // 2), env, ("put", "nvlink"), 8, 4)
+
+
 @pytest.mark.parametrize("whole", ["0", "1"])
 def test_contract_suite_whole_combine_forced(whole: str):
     """`comm.combine` with every call's receive on the side stream (MOE_BACKEND_NVSHMEM_WHOLE_COMBINE=0)

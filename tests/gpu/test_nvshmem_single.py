@@ -124,6 +124,8 @@ def _overlap_env(on: str) -> dict[str, str]:
 # call at 20; "plain-large-arenas": only arenas of at most 32 tokens do (LL_COMBINE_BY_CALL=0).
 # "token-grids": the direct receive's and the combine's grids sized by the arena's tokens (ITEM_GRIDS=0,
 # before round 50; by default by the largest call's items, one a block while SMs last).
+# "register-send-rows": the two-kernel combine send's rows by registers, four a batch (COMBINE_STEP_BULK=0;
+# by default, round 84, a step's rows by bulk copies into the warp's shared memory, one wait).
 SELF_SEND = {"MOE_BACKEND_NVSHMEM_SELF_SEND": "1"}
 VARIANTS = {
     "overlap": _overlap_env("1"),
@@ -151,6 +153,7 @@ VARIANTS = {
     "plain-large-arenas": {"MOE_BACKEND_NVSHMEM_LL_COMBINE_BY_CALL": "0"},
     "token-grids": {"MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
     "token-grids-self-send": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_ITEM_GRIDS": "0"},
+    "register-send-rows": {**SELF_SEND, "MOE_BACKEND_NVSHMEM_COMBINE_STEP_BULK": "0"},
 }
 
 
