@@ -413,8 +413,8 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
 }
 
 // Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where step_bulk_call says): a
-// register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <= STEP_BULK_ROWS) into
-// this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
+// register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <=
+// STEP_BULK_ROWS) into this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
 // batches of ROW_BATCH rows take two (round 83 did the same for the padded combine's send:
 // 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,
 // the first added to 0.0f. parity: the phase this warp's barrier completes next, carried from
@@ -670,7 +670,8 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
     const int sl = (int)(i % S);
     const int t = (int)(i / S / G), g = (int)(i / S % G);
     const long long u = (long long)g * M + t;
-    const int nk = gather_rows<TY, LOADS == LOADS_REGS || LOADS == LOADS_STEP_BULK>(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
+    constexpr bool rolled = LOADS == LOADS_REGS || LOADS == LOADS_STEP_BULK;
+    const int nk = gather_rows<TY, rolled>(p.rowmap + u * topk, topk, H, y, w, sh_rows[warp], sh_w[warp], lane);
     if (nk == 0) continue;
     stamp_exit(ST_CSEND_ROWS);
     const long long dst_off = p.off_comb + ((long long)p.rank * M + t) * p.part_bytes;
@@ -718,8 +719,12 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
       }
     };
     if constexpr (LOADS == LOADS_STEP_BULK) {
-      if (w) sum_rows_step_bulk_items<TY, N, true>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa, step_parity, emit);
-      else sum_rows_step_bulk_items<TY, N, false>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa, step_parity, emit);
+      if (w)
+        sum_rows_step_bulk_items<TY, N, true>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa,
+                                              step_parity, emit);
+      else
+        sum_rows_step_bulk_items<TY, N, false>(sh_rows[warp], sh_w[warp], nk, h0, h1, step_buf_sa, step_bar_sa,
+                                               step_parity, emit);
     } else if constexpr (LOADS == LOADS_BULK) {
       sum_rows_bulk<TY, N>(sh_rows[warp], sh_w[warp], w != nullptr, nk, h0, h1, ring, emit);
     } else if constexpr (LOADS == LOADS_ASYNC) {

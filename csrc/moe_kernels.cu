@@ -1100,7 +1100,7 @@ static int launch_combine_send_n(const Params& p, int blocks, const void* y, con
                                  bool step_bulk, cudaStream_t s) {
   const TY* yp = reinterpret_cast<const TY*>(y);
   if (!rs) {
-    // The two-kernel send, in the arena's tagged form, its loads by registers or (small calls) a step's bulk copies.
+    // The two-kernel send, in the arena's tagged form, its loads by registers or by a step's bulk copies.
     auto two_kernel = [&]<int LOADS>() {
       if constexpr (TAGGED_VEC<TX, N>) {
         if (tag_form(p) == TAG_EVERY)
@@ -1111,7 +1111,8 @@ static int launch_combine_send_n(const Params& p, int blocks, const void* y, con
       return launch_send_variant<NVL, TY, TX, N, false, LOADS>(p, yp, w, RecvArgs<TY>{}, blocks, s);
     };
     if constexpr (N * sizeof(TY) % 16 == 0) {
-      if (step_bulk && reinterpret_cast<uintptr_t>(y) % 16 == 0) return two_kernel.template operator()<LOADS_STEP_BULK>();
+      if (step_bulk && reinterpret_cast<uintptr_t>(y) % 16 == 0)
+        return two_kernel.template operator()<LOADS_STEP_BULK>();
     }
     return two_kernel.template operator()<LOADS_REGS>();
   }
