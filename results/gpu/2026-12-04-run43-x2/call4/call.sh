@@ -23,8 +23,12 @@ step "ab by call" ab_bycall.log 80 env AB_BENCH_ARGS="--backend nvshmem" bash sc
   deepseek_decode base ${N}_LL_COMBINE_BY_CALL=0 base ${N}_LL_COMBINE_BY_CALL=0
 cat $raw/ab_bycall/ab.txt
 record deepseek_prefill
-step tests tests.log 200 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
-  -k "work_between or both_transports or fused_combine or few_sms or tagged_partials"
+# Session 57: the padded layout's EP2 tests too (its phases are in the decode record), and the
+# register rows of round 84's combine send.
+step tests tests.log 260 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py \
+  -k "work_between or both_transports or fused_combine or few_sms or tagged_partials or padded or register_send_rows"
 step sweep deepseek_sweep.log 130 python3 -m moe_backend.cli bench --config deepseek_sweep --backend all --world-size 2 \
   --out "$OUT/deepseek_sweep.json" --plot "$OUT/deepseek_sweep.png"
 grep -E "^(nvshmem-nvlink|overlap nvshmem-nvlink) " "$raw/deepseek_sweep.log" | head -24
+# Session 57: the issue's targets on this call's three records (as run 43's call 1 `targets.json`).
+python3 scripts/check_targets.py "$OUT"/deepseek_*.json --json "$OUT/targets.json" | tail -3
