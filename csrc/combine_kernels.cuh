@@ -414,9 +414,9 @@ __device__ __forceinline__ void sum_units_bulk(const T* const* rows, int nk, int
 
 // Row sums of the two-kernel send (round 84, LOADS_STEP_BULK; where step_bulk_call says): a
 // register step's rows (1 KB each) come by one bulk copy a row, all of the item's rows (topk <=
-// STEP_BULK_ROWS) into this warp's 8 KB buffer, counted by one mbarrier: one load latency a step, where sum_rows'
-// batches of ROW_BATCH rows take two (round 83 did the same for the padded combine's send:
-// 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,
+// STEP_BULK_ROWS) into this warp's 8 KB buffer, counted by one mbarrier: one load latency a step,
+// where sum_rows' batches of ROW_BATCH rows take two (round 83 did the same for the padded
+// combine's send, pad_combine_partials_kernel's send_bulk: 0.4-0.8 us less at 1-32 tokens). Same adds in the same order as sum_rows: row j ascending,
 // the first added to 0.0f. parity: the phase this warp's barrier completes next, carried from
 // item to item (it flips once a step).
 constexpr int STEP_BULK_ROWS = 8;
@@ -435,10 +435,7 @@ __device__ __forceinline__ void sum_rows_step_bulk_items(const T* const* rows, c
   const unsigned lane_sa = buf_sa + (unsigned)lane * vec_pieces<T, N>() * 16;
   for (int h = h0; h < h1; h += STEP) {
     const unsigned bytes = (unsigned)((h1 - h < STEP ? h1 - h : STEP) * (int)sizeof(T));
-    if (lane == 0) mbar_arrive_expect(bar_sa, bytes * (unsigned)nk);
-    if (lane < nk) bulk_load(buf_sa + lane * ROW, mine + h, bytes, bar_sa);
-    mbar_wait(bar_sa, parity);
-    parity ^= 1u;
+    bulk_rows_one_wait(buf_sa, ROW, mine + h, bytes, nk, bar_sa, parity);
     float acc[C][N];
     VecT<T, N> raw[C];
     read_stage<T, N, C>(raw, lane_sa);
@@ -653,7 +650,7 @@ __device__ __forceinline__ void combine_send_body(const Params& p, const TY* __r
 
   const int S = call_slices(p);
   // Round-tagged partials (TAGGED: the arena's instance, Params::ll_comb; by call for TAG_BY_CALL):
-  // the two-kernel nvlink combine with register row loads and whole 16-byte vectors.
+  // the two-kernel nvlink combine (row loads by registers or a step's bulk copies), whole 16-byte vectors.
   static_assert(!TAGGED || (!FUSED && (LOADS == LOADS_REGS || LOADS == LOADS_STEP_BULK) && TAGGED_VEC<TX, N>),
                 "no tagged form here");
   static_assert(LOADS != LOADS_STEP_BULK || !FUSED, "step bulk loads: the two-kernel send's");

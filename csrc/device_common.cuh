@@ -309,6 +309,18 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+// A warp's rows behind one wait (the padded combine's send, round 83; the two-kernel combine's,
+// round 84): lane u < nk copies `bytes` from its `src` to shared `dst` + u * stride, lane 0 arms
+// the warp's mbarrier `bar` for all of them, every lane waits, and `parity` (the phase the
+// barrier completes next) flips.
+__device__ __forceinline__ void bulk_rows_one_wait(unsigned dst, unsigned stride, const void* src, unsigned bytes,
+                                                   int nk, unsigned bar, unsigned& parity) {
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) mbar_arrive_expect(bar, bytes * (unsigned)nk);
+  if (lane < nk) bulk_load(dst + lane * stride, src, bytes, bar);
+  mbar_wait(bar, parity);
+  parity ^= 1u;
+}
 // Orders this thread's view of global memory (what an acquire made visible) before its later
 // bulk copies (the async proxy) read it.
 __device__ __forceinline__ void fence_proxy_async_global() {

@@ -1216,7 +1216,7 @@ static bool launch_combine_recv_any(const Ctx& cx, const RecvArgs<void>& ra, int
                                     bool pdl = false) {
   const Params& p = cx.p;
   const int b = recv_blocks(cx, ra, send_regs, pdl);
-  const bool big = step_bulk_call(cx);  // the send beside it: launch_combine_send_any's choice
+  const bool big = step_bulk_call(cx);  // the send beside it may be a step-bulk one (launch_combine_send_any)
   bool launched;
   switch (p.out_code) {
     case 0:

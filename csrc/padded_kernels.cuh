@@ -507,10 +507,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
         for (int s0 = slice * sper; s0 < c1; s0 += SEND_BULK_CHUNKS) {
           const int s1 = min(c1, s0 + SEND_BULK_CHUNKS);
           const unsigned bytes = (unsigned)(s1 - s0) * 16u;
-          if (lane == 0) mbar_arrive_expect(bar_sa, bytes * (unsigned)nk);
-          if (lane < nk) bulk_load(buf_sa + lane * (SEND_BULK_CHUNKS * 16), src + (long long)s0 * 16, bytes, bar_sa);
-          mbar_wait(bar_sa, parity);
-          parity ^= 1u;
+          bulk_rows_one_wait(buf_sa, SEND_BULK_CHUNKS * 16, src + (long long)s0 * 16, bytes, nk, bar_sa, parity);
           for (int c = s0 + lane; c < s1; c += 32) {
             float acc[VEC];
 #pragma unroll
