@@ -6,3 +6,5 @@ set -u
 source scripts/gpu_call.sh pad32
 step "one GPU shard 1/2" tests_single_shard1.log 560 env MOE_TEST_SHARD=1/2 python3 -m pytest -q -m gpu -rA \
   tests/gpu/test_nvshmem_single.py
+# Added in session 58: main's build itself in the decode bench (run 52 measured it as pad30).
+decode_bench_ws1 pad32
