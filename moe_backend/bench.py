@@ -91,17 +91,27 @@ def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> None:
     flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
 
 
+def touch(t: torch.Tensor, mode: str) -> None:
+    """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
+    bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would."""
+    if mode == "write" and t.is_contiguous():
+        t.view(-1).view(torch.uint8).bitwise_or_(0)
+    else:  # a strided input (none of the bench's) is read through a contiguous copy
+        t.contiguous().view(-1).view(torch.uint8).amax()
+
+
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
-            warm: bool = False) -> None:
+            warm: bool | str = False) -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (bench.warm_inputs): the call's `inputs`, each read once first, so the call finds them in L2
-    and the TLBs as a model's step would. The reads go before the sleep, not after it: the op then
-    follows the sleep (and all-reduce) as a cold one does, with no reduction kernel between them.
-    (The small contiguous calls are still 0.5-1.6 us slower warm, run 51 call 3: not that kernel;
-    the cause is not yet known, docs/PERF_NOTES.md.)"""
-    for t in inputs if warm else ():
+    (bench.warm_mode(): "read" or "write", True meaning "read"): the call's `inputs` each touched
+    once first (`touch`), so the call finds them in L2 and the TLBs as a model's step would. The
+    touches go before the sleep, not after it: the op then follows the sleep (and all-reduce) as a
+    cold one does, with no kernel between them. (The small contiguous calls are still 0.5-1.6 us
+    slower read-warm, run 51 call 3: not a kernel between; docs/PERF_NOTES.md.)"""
+    mode = "read" if warm is True else warm
+    for t in inputs if mode else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
-            t.reshape(-1).view(torch.uint8).amax()
+            touch(t, mode)
     grouped = dist.is_initialized()
     if device.type == "cuda":
         # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
@@ -181,7 +191,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
     y_padded = None
     host: dict[str, list[float]] = {p: [] for p in PHASES[:6]}  # CPU time of each call
     y = None
-    weighted, warm = preset.bench.weighted, preset.bench.warm_inputs
+    weighted, warm = preset.bench.weighted, preset.bench.warm_mode()
     topk_w = weights if weighted else None
     dispatched = (x, ids, topk_w, scale)  # what the dispatches read
     for i in range(preset.bench.warmup + preset.bench.iters):
@@ -296,7 +306,7 @@ def time_overlap(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) 
     def median_us(body: Callable[[int], tuple[Any, Any]], reps: int, iters: int) -> dict[str, float]:
         samples = []
         for i in range(iters + 3):
-            barrier(device, flag, (x, ids, scale), preset.bench.warm_inputs)
+            barrier(device, flag, (x, ids, scale), preset.bench.warm_mode())
             m0, m1 = body(reps)
             if i >= 3:
                 clock.sync()
@@ -341,9 +351,9 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.device, clock: Clock,
-                          warm: bool = False) -> dict[str, float]:
+                          warm: bool | str = False) -> dict[str, float]:
     """The standard baseline: one dense all_to_all_single of [n*topk, hidden] bf16 per rank
-    (`warm`: its input read once after each barrier, as bench.warm_inputs does for the ops)."""
+    (`warm`: its input touched once before each barrier, as `barrier` does for the ops)."""
     rows = n * spec.topk
     rows -= rows % spec.world_size
     data = torch.randn(max(rows, spec.world_size), spec.hidden, device=device).to(torch.bfloat16)
@@ -465,7 +475,7 @@ def run(preset: BenchPreset, backend: str, progress: Callable[[str], None], copy
         progress(f"{preset.name}: dense all_to_all baseline, {n} tokens/rank")
         rows.append({"backend": f"dense_all_to_all_{dist.get_backend()}", "num_tokens": n,
                      "phases": {"dispatch": time_dense_all_to_all(spec, n, preset.bench.iters, device, clock,
-                                                                   preset.bench.warm_inputs)}})
+                                                                   preset.bench.warm_mode())}})
     return {
         "preset": preset.name,
         "spec": spec.describe(),
@@ -515,10 +525,16 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def _warm_note(bench: dict[str, Any]) -> str:
+    if not bench.get("warm_inputs"):
+        return ""
+    return "; inputs warm" + (" (rewritten)" if bench.get("warm_by") == "write" else "")
+
+
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"== {report['preset']}: {report['spec']}"
              + (f"; GPU-to-GPU copy {report['copy_rate_gbps']:.0f} GB/s" if report.get("copy_rate_gbps") else "")
-             + ("; inputs warm" if report.get("config", {}).get("bench", {}).get("warm_inputs") else "")]
+             + _warm_note(report.get("config", {}).get("bench", {}))]
     head = f"{'backend':<26}{'tokens':>7}" + "".join(f"{p:>16}" for p in PHASES) + f"{'vs ref':>8}{'%copy d/c':>12}"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:

@@ -23,7 +23,7 @@ from . import latency_floor, sm_ceilings
 from .backends import nvshmem_available
 from .bench_compare import WHOLE_OPS, BenchCompareError, compare, format_comparison
 from .cli_args import nonnegative_float, nonnegative_int, positive_int
-from .config import BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
+from .config import WARM_BY, BenchPreset, ConfigError, bench_presets_dir, load_bench, resolve_config
 from .launch import run_everywhere, under_torchrun
 
 
@@ -138,8 +138,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset.bench.num_tokens = args.num_tokens
         if args.world_size:
             preset.bench.world_size = args.world_size
-        if args.warm_inputs:
+        if args.warm_inputs or args.warm_by:
             preset.bench.warm_inputs = True
+        if args.warm_by:
+            preset.bench.warm_by = args.warm_by
         preset.validate()
         presets.append(preset)
     return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot, args.sms)
@@ -214,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warm-inputs", action="store_true",
                    help="read each timed call's inputs once before it, outside the timing (hot in L2, as in a "
                         "model's step; default: cold after the barrier's device sleep)")
+    b.add_argument("--warm-by", choices=WARM_BY,
+                   help="how --warm-inputs touches the inputs (implies it): read each once (clean in L2, the "
+                        "default) or rewrite each in place, bits unchanged (dirty, as the kernel that made it)")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
     b.add_argument("--sms", type=positive_int, nargs="+", metavar="N",

@@ -53,6 +53,9 @@ class CommConfig:
         )
 
 
+WARM_BY = ("read", "write")
+
+
 @dataclasses.dataclass
 class BenchConfig:
     num_tokens: list[int]
@@ -68,9 +71,16 @@ class BenchConfig:
     # Also time dispatch send, an independent matmul of about the dispatch's length, then
     # dispatch receive, against the longer of the two alone.
     overlap: bool = False
-    # Read each timed call's inputs once after its barrier, outside the events (in a model's step
+    # Touch each timed call's inputs once before its barrier, outside the events (in a model's step
     # the layer before has just written them): off, they are cold after the barrier's device sleep.
     warm_inputs: bool = False
+    # How warm_inputs touches them: "read" (each read once: clean lines in L2) or "write" (each
+    # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them).
+    warm_by: str = "read"
+
+    def warm_mode(self) -> str:
+        """'' (cold), 'read' or 'write': what `bench.barrier` does to a call's inputs."""
+        return self.warm_by if self.warm_inputs else ""
 
 
 @dataclasses.dataclass
@@ -84,6 +94,8 @@ class BenchPreset:
         if too_many:
             limit = self.comm.max_num_tokens
             raise ConfigError(f"bench.num_tokens: {too_many} not in [1, comm.max_num_tokens={limit}]")
+        if self.bench.warm_by not in WARM_BY:
+            raise ConfigError(f"bench.warm_by must be one of {WARM_BY}, got {self.bench.warm_by!r}")
         if self.bench.iters < 1 or self.bench.warmup < 0:
             raise ConfigError("bench.iters must be >= 1 and bench.warmup >= 0")
         for name in (self.comm.in_dtype, self.comm.out_dtype):

@@ -165,7 +165,7 @@ def main() -> int:
     ap.add_argument("--padded", action="store_true",
                     help="time dispatch_padded / combine_padded (the padded layout's kernels) instead")
     ap.add_argument("--warm-inputs", action="store_true",
-                    help="read each call's inputs once after its barrier (as `moe-backend bench --warm-inputs`)")
+                    help="read each call's inputs once before its barrier (as `moe-backend bench --warm-inputs`)")
     args = ap.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")

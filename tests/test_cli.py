@@ -269,6 +269,49 @@ def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
     assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
 
 
+def test_barrier_rewrites_each_input_in_place_when_warm_by_write(monkeypatch) -> None:
+    """warm="write": each input rewritten in place (one OR of zero on its bytes, no read
+    reduction), its bits unchanged; a non-contiguous input is read instead."""
+    from moe_backend import bench as benchmod
+
+    calls = []
+    real_or, real_amax = torch.Tensor.bitwise_or_, torch.Tensor.amax
+    monkeypatch.setattr(torch.Tensor, "bitwise_or_", lambda t, *a: calls.append(("write", t.numel())) or real_or(t, *a))
+    monkeypatch.setattr(torch.Tensor, "amax",
+                        lambda t, *a, **k: calls.append(("read", t.numel())) or real_amax(t, *a, **k))
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    x[0, 0] = -0.0
+    strided = torch.randn(4, 6)[:, ::2]
+    before = x.clone(), strided.clone()
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, strided), warm="write")
+    assert calls == [("write", 3 * 8 * 2), ("read", 4 * 3 * 4)]
+    assert torch.equal(x.view(torch.int16), before[0].view(torch.int16))  # -0.0 kept: bit for bit
+    assert torch.equal(strided, before[1])
+
+
+def test_bench_warm_by_write_is_recorded(tmp_path: Path) -> None:
+    """--warm-by write implies --warm-inputs; the JSON records it and the table says so."""
+    out = tmp_path / "warm.json"
+    res = cli("bench", "--backend", "reference", "--iters", "2", "--warmup", "0", "--num-tokens", "2",
+              "--warm-by", "write", "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"== deepseek-decode: .*; inputs warm \(rewritten\)", res.stdout)
+    bench = json.loads(out.read_text())["results"][0]["config"]["bench"]
+    assert bench["warm_inputs"] is True and bench["warm_by"] == "write"
+
+
+def test_bench_rejects_an_unknown_warm_by() -> None:
+    from moe_backend.cli import resolve_preset
+    from moe_backend.config import ConfigError, load_bench
+
+    preset = load_bench(resolve_preset("deepseek_decode"))
+    preset.bench.warm_by = "sideways"
+    with pytest.raises(ConfigError, match="bench.warm_by must be one of"):
+        preset.validate()
+    res = cli("bench", "--backend", "reference", "--warm-by", "sideways")
+    assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
 def test_barrier_reads_the_inputs_before_it_waits(monkeypatch) -> None:
     """The warm reads come before the barrier's wait, so nothing runs between the wait and the op."""
     from moe_backend import bench as benchmod
