@@ -7,10 +7,10 @@
 # elementwise rewrite instead. And does the SMs' shared-memory configuration play a part (every
 # kernel at the largest carveout: MOE_BACKEND_NVSHMEM_CARVEOUT=1)?
 # The decode bench (SELF_SEND=1), 128-token arena, 1 / 8 / 32 tokens: cold, warm by read, warm by
-# write, warm by read with CARVEOUT=1, cold with CARVEOUT=1, cold again.
+# write, warm by read with CARVEOUT=1, cold again.
 set -u
 source scripts/gpu_call.sh pad32
-for run in cold:: read:--warm-inputs: write:--warm-by=write: readcarve:--warm-inputs:1 coldcarve::1 cold2::; do
+for run in cold:: read:--warm-inputs: write:--warm-by=write: readcarve:--warm-inputs:1 cold2::; do
   IFS=: read -r tag flag carve <<< "$run"
   step "decode bench $tag" "bench_$tag.log" 60 env ${N}_SELF_SEND=1 ${carve:+${N}_CARVEOUT=$carve} \
     python3 -m moe_backend.cli bench --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 \
