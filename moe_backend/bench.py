@@ -106,8 +106,9 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     (bench.warm_mode(): "read" or "write", True meaning "read"): the call's `inputs` each touched
     once first (`touch`), so the call finds them in L2 and the TLBs as a model's step would. The
     touches go before the sleep, not after it: the op then follows the sleep (and all-reduce) as a
-    cold one does, with no kernel between them. (The small contiguous calls are still 0.5-1.6 us
-    slower read-warm, run 51 call 3: not a kernel between; docs/PERF_NOTES.md.)"""
+    cold one does, with no kernel between them. (The small whole contiguous ops are still 0.5-1.7 us
+    slower warm, read or written, run 52 call 7: not this kernel, nor the SMs' carveout; open,
+    docs/PERF_NOTES.md.)"""
     mode = "read" if warm is True else warm
     for t in inputs if mode else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:

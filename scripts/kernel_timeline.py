@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_backend import bench, launch  # noqa: E402
 from moe_backend.communicator import Communicator  # noqa: E402
-from moe_backend.config import bench_presets_dir, load_bench, resolve_config  # noqa: E402
+from moe_backend.config import WARM_BY, bench_presets_dir, load_bench, resolve_config  # noqa: E402
 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
@@ -78,7 +78,7 @@ def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
 
 
 def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
-            out: str | None, split: bool, padded: bool = False, warm: bool = False) -> None:
+            out: str | None, split: bool, padded: bool = False, warm: str = "") -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     preset = load_bench(resolve_config(config, bench_presets_dir()))
     spec = preset.comm.to_spec(dist.get_world_size())
@@ -146,7 +146,7 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
         if out:
             bench.write_json(out, [{"preset": preset.name, "tool": "kernel_timeline", "transport": transport,
                                     "dispatch": "padded" if padded else "split" if split else "whole",
-                                    "warm_inputs": warm,
+                                    "warm_inputs": bool(warm), "warm_by": warm or None,
                                     "world_size": dist.get_world_size(),
                                     "num_sms": sms, "per_rank": gathered}])
 
@@ -166,11 +166,14 @@ def main() -> int:
                     help="time dispatch_padded / combine_padded (the padded layout's kernels) instead")
     ap.add_argument("--warm-inputs", action="store_true",
                     help="read each call's inputs once before its barrier (as `moe-backend bench --warm-inputs`)")
+    ap.add_argument("--warm-by", choices=WARM_BY,
+                    help="how --warm-inputs touches them (implies it; as `moe-backend bench --warm-by`)")
     args = ap.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 args.split, args.padded, args.warm_inputs, dist_backend="nccl", timeout=600)
+                 args.split, args.padded, args.warm_by or ("read" if args.warm_inputs else ""), dist_backend="nccl",
+                 timeout=600)
     return 0
 
 
