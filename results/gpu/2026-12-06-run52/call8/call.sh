@@ -8,8 +8,9 @@
 # (warp w of block b takes item b + w * B), so a call of fewer items than warps spreads its rows
 # over as many SMs (call 7: the 8-token padded dispatch 8.4-8.6 us against 6.6-6.8 at 1 token and
 # 7.0-7.4 at 32; its 64 rows took 4 SMs). The padded tests (world size 1; EP2 with both ranks on
-# the GPU), then the decode bench at 1 / 8 / 32 / 128 tokens, pad32 (main) before and after.
-# Predicted: dispatch_padded at 8 tokens ~7.0 us, at 1 token 0-0.4 us less, 32 and 128 within 0.2.
+# the GPU), then the decode bench at 1 / 8 / 16 / 32 / 128 tokens, pad32 (main) before and after.
+# Predicted: dispatch_padded at 8 and 16 tokens ~7.0 us (16 tokens: 128 rows, 8 SMs before), at 1
+# token 0-0.4 us less, 32 and 128 within 0.2.
 set -u
 source scripts/gpu_call.sh pad38
 padded_tests pad38
@@ -17,7 +18,7 @@ for b in pad32:a pad38: pad32:b; do
   IFS=: read -r build tag <<< "$b"
   use_build "$build"
   step "decode bench $build$tag" "bench_$build$tag.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
-    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 32 128 \
+    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 16 32 128 \
     --out "$raw/decode_ws1_$build$tag.json"
   grep -E "^nvshmem" "$raw/bench_$build$tag.log"
 done
