@@ -101,18 +101,17 @@ def touch(t: torch.Tensor, mode: str) -> None:
 
 
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
-            warm: bool | str = False) -> None:
+            warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (bench.warm_mode(): "read" or "write", True meaning "read"): the call's `inputs` each touched
-    once first (`touch`), so the call finds them in L2 and the TLBs as a model's step would. The
+    (BenchConfig.warm_mode(): "read" or "write"; "" cold): the call's `inputs` each touched once
+    first (`touch`), so the call finds them in L2 and the TLBs as a model's step would. The
     touches go before the sleep, not after it: the op then follows the sleep (and all-reduce) as a
     cold one does, with no kernel between them. (The small whole contiguous ops are still 0.5-1.7 us
     slower warm, read or written, run 52 call 7: not this kernel, nor the SMs' carveout; open,
     docs/PERF_NOTES.md.)"""
-    mode = "read" if warm is True else warm
-    for t in inputs if mode else ():
+    for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
-            touch(t, mode)
+            touch(t, warm)
     grouped = dist.is_initialized()
     if device.type == "cuda":
         # ~500 us of device sleep, then a one-element all-reduce: every rank starts together,
@@ -352,7 +351,7 @@ def gather_objects(obj: Any) -> list[Any]:
 
 
 def time_dense_all_to_all(spec: CommSpec, n: int, iters: int, device: torch.device, clock: Clock,
-                          warm: bool | str = False) -> dict[str, float]:
+                          warm: str = "") -> dict[str, float]:
     """The standard baseline: one dense all_to_all_single of [n*topk, hidden] bf16 per rank
     (`warm`: its input touched once before each barrier, as `barrier` does for the ops)."""
     rows = n * spec.topk

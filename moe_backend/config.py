@@ -80,7 +80,13 @@ class BenchConfig:
 
     def warm_mode(self) -> str:
         """'' (cold), 'read' or 'write': what `bench.barrier` does to a call's inputs."""
-        return self.warm_by if self.warm_inputs else ""
+        return warm_mode(self.warm_inputs, self.warm_by)
+
+
+def warm_mode(warm_inputs: bool, warm_by: str | None) -> str:
+    """The warm mode of a `--warm-inputs` / `--warm-by` pair (`--warm-by` implies warm inputs):
+    '' (cold), or how they are touched, "read" by default."""
+    return (warm_by or "read") if warm_inputs or warm_by else ""
 
 
 @dataclasses.dataclass

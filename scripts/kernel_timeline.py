@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_backend import bench, launch  # noqa: E402
 from moe_backend.communicator import Communicator  # noqa: E402
-from moe_backend.config import WARM_BY, bench_presets_dir, load_bench, resolve_config  # noqa: E402
+from moe_backend.config import WARM_BY, bench_presets_dir, load_bench, resolve_config, warm_mode  # noqa: E402
 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
@@ -172,8 +172,7 @@ def main() -> int:
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 args.split, args.padded, args.warm_by or ("read" if args.warm_inputs else ""), dist_backend="nccl",
-                 timeout=600)
+                 args.split, args.padded, warm_mode(args.warm_inputs, args.warm_by), dist_backend="nccl", timeout=600)
     return 0
 
 

@@ -265,7 +265,7 @@ def test_barrier_reads_each_input_it_is_given(monkeypatch) -> None:
     ids = torch.zeros(3, 2, dtype=torch.int32)
     benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)))
     assert read == []  # warm off (the default): nothing read
-    benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)), warm=True)
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids, torch.empty(0)), warm="read")
     assert read == [3 * 8 * 2, 3 * 2 * 4]  # bytes of x and ids; None and empty skipped
 
 
@@ -321,7 +321,7 @@ def test_barrier_reads_the_inputs_before_it_waits(monkeypatch) -> None:
     monkeypatch.setattr(torch.Tensor, "amax", lambda t, *a, **k: events.append("read") or real(t, *a, **k))
     monkeypatch.setattr(benchmod.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(benchmod.dist, "barrier", lambda *a, **k: events.append("wait"))
-    benchmod.barrier(torch.device("cpu"), torch.ones(1), (torch.randn(4), torch.randn(2)), warm=True)
+    benchmod.barrier(torch.device("cpu"), torch.ones(1), (torch.randn(4), torch.randn(2)), warm="read")
     assert events == ["read", "read", "wait"]
 
 
