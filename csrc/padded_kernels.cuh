@@ -97,6 +97,13 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
+// The padded dispatch's warps in round order: warp w of block b is b + w * B, so a call of fewer
+// row items than warps spreads them over as many SMs as it has items, not over its first blocks
+// (each SM's load and store rate shared by fewer rows: 8 tokens' 64 rows took 4 SMs in block
+// order), and the last in this order (the receive's and the empty counts' threads) are the last
+// blocks' last warps, the last to get a row item.
+__device__ __forceinline__ int pad_round_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
+
 // The send: every block builds the routing's token masks per expert in shared memory; a warp per
 // (t, k, slice) stores its slice of the row into its slot, an expert's last one raising its count;
 // then the counts of experts with no row of this replica go, relaxed.
@@ -113,7 +120,7 @@ __device__ __forceinline__ unsigned long long pad_send_part(const Params& p, con
   extern __shared__ unsigned pad_mask[];  // [E][mask_words]: expert e's tokens
   __shared__ unsigned long long pad_round;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
+  const int nthreads = gridDim.x * blockDim.x;
   const int n = pad_num_tokens(in);
   const int W = a.mask_words;
   unsigned long long latest = 0;
@@ -131,8 +138,9 @@ __device__ __forceinline__ unsigned long long pad_send_part(const Params& p, con
   __syncthreads();
   const unsigned long long round = pad_round;
   stamp_exit(ST_PAD_MASKS);
-  // Rows: item (t, k, slice) a warp; slice 0 also stores the row's scales, weight and meta.
-  const int gwarp = gthread >> 5, nwarps = nthreads >> 5;
+  // Rows: item (t, k, slice) a warp, in the warps' round order (pad_round_warp); slice 0 also
+  // stores the row's scales, weight and meta.
+  const int gwarp = pad_round_warp(), nwarps = nthreads >> 5;
   const int S = a.row_slices, vecs = a.row_bytes >> 4, per = (vecs + S - 1) / S;
   // Scales of at most 512 bytes (a multiple of 16) ride as one vector a lane, loaded with the row.
   const bool scale_vec = in.scale && (a.scale_bytes & 15) == 0 && a.scale_bytes <= 512;
@@ -205,9 +213,9 @@ __device__ __forceinline__ unsigned long long pad_send_part(const Params& p, con
   }
   stamp_exit(ST_PAD_ROWS);
   // Experts none of whose rows this replica sends (and, local_unordered, this GPU's): their counts,
-  // after the rows and from the grid's last threads (a small call's warps with no row item), so they
-  // do not hold back the first rows.
-  for (int e = nthreads - 1 - gthread; e < p.E; e += nthreads) {
+  // after the rows and from the last threads in round order (a small call's warps with no row item),
+  // so they do not hold back the first rows.
+  for (int e = nthreads - 1 - (pad_round_warp() * 32 + lane); e < p.E; e += nthreads) {
     const unsigned* m = pad_mask + e * W;
     if ((local_unordered && e / p.L == p.rank) || pad_mine(m, W, p.tp, p.replica) == 0)
       pad_send_count<false>(p, a, e, pad_total(m, W), round);
@@ -226,14 +234,14 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
                                                                 long long* tpe_out, int phase) {
   stamp_entry(ST_PAD_DISPATCH);
   const int tid = threadIdx.x;
-  const int gthread = blockIdx.x * blockDim.x + tid, nthreads = gridDim.x * blockDim.x;
+  const int nthreads = gridDim.x * blockDim.x;
   unsigned long long ticket = 0;
   const unsigned long long round = (phase & PAD_SEND)
                                        ? pad_send_part(p, a, in, (phase & PAD_RECV) != 0, ticket)
                                        : *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
-  // Receive: a thread a local expert waits for its W count words, from the grid's last threads
-  // (a small call's warps with no row item, as the counts' stores: their waits overlap the rows).
-  for (int l = nthreads - 1 - gthread; (phase & PAD_RECV) && l < p.L; l += nthreads) {
+  // Receive: a thread a local expert waits for its W count words, from the last threads in round
+  // order (a small call's warps with no row item, as the counts' stores: their waits overlap the rows).
+  for (int l = nthreads - 1 - (pad_round_warp() * 32 + (tid & 31)); (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
     for (int r = 0; r < p.W; ++r) {
       const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);
