@@ -97,11 +97,10 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
-// The padded dispatch's warps in round order: warp w of block b is b + w * B, so a call of fewer
-// row items than warps spreads them over as many SMs as it has items, not over its first blocks
-// (each SM's load and store rate shared by fewer rows: 8 tokens' 64 rows took 4 SMs in block
-// order), and the last in this order (the receive's and the empty counts' threads) are the last
-// blocks' last warps, the last to get a row item.
+// The padded dispatch's warps in round order: warp w of block b is b + w * B. With its grid of a
+// block a row item up to the SMs (pad_dispatch), each block's first warps take the items, one an SM
+// where the call has no more items than SMs, and the last in this order (the receive's and the
+// empty counts' threads) are the last blocks' last warps, the last to get a row item.
 __device__ __forceinline__ int pad_round_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
 
 // The send: every block builds the routing's token masks per expert in shared memory; a warp per
