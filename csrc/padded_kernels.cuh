@@ -97,10 +97,11 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
   else st_relaxed_sys(word, tag_word(total, round));
 }
 
-// The padded dispatch's warps in round order: warp w of block b is b + w * B. With its grid of a
-// block a row item up to the SMs (pad_dispatch), each block's first warps take the items, one an SM
-// where the call has no more items than SMs, and the last in this order (the receive's and the
-// empty counts' threads) are the last blocks' last warps, the last to get a row item.
+// The padded kernels' warps in round order: warp w of block b is b + w * B, so consecutive items
+// go to different SMs. With the dispatch's grid of a block a row item up to the SMs (pad_dispatch),
+// each block's first warps take the items, one an SM where the call has no more items than SMs,
+// and the last in this order (the receive's and the empty counts' threads) are the last blocks'
+// last warps, the last to get a row item.
 __device__ __forceinline__ int pad_round_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
 
 // The send: every block builds the routing's token masks per expert in shared memory; a warp per
@@ -467,7 +468,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
   using YV = PadVec<OT, VEC>;
   const int lane = threadIdx.x & 31;
   const unsigned long long round = *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
-  const int gwarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, nwarps = (gridDim.x * blockDim.x) >> 5;
+  const int gwarp = pad_round_warp(), nwarps = (gridDim.x * blockDim.x) >> 5;
   const auto* tslots = reinterpret_cast<const unsigned long long*>(a.base + a.off_tslots);
   // send_bulk: this warp's buffer and mbarrier (its phase parity flips once a sub-slice).
   extern __shared__ __align__(16) unsigned char send_buf[];
