@@ -362,9 +362,10 @@ enum Stamp { ST_SEND = 0, ST_PLAN, ST_PLAN_WAITED, ST_COPY, ST_CSEND, ST_CSEND_I
              ST_TABLE_MASKS, ST_TABLE_ENTRIES, ST_RECV_START, ST_DIRECT_COPIED, ST_PLAN_SUMMED, ST_PLAN_SCANNED,
              // the padded kernels (padded_kernels.cuh): the dispatch, its masks built, its rows and
              // counts stored, its counts seen; the combine, its pair scan, its send items done; the
-             // dispatch's counts of empty experts stored, a row slice's copy issued
+             // dispatch's counts of empty experts stored, a row slice's copy issued; a live partials
+             // send item's slot words in, its rows in (bulk copies waited, or loads issued)
              ST_PAD_DISPATCH, ST_PAD_MASKS, ST_PAD_ROWS, ST_PAD_COUNTS, ST_PAD_COMBINE, ST_PAD_SCANNED, ST_PAD_SENT,
-             ST_PAD_EMPTY_COUNTS, ST_PAD_COPIED, NSTAMP };
+             ST_PAD_EMPTY_COUNTS, ST_PAD_COPIED, ST_PAD_SLOTS_IN, ST_PAD_ROWS_IN, NSTAMP };
 __device__ int g_stamps_on;
 __device__ unsigned long long g_stamps[3 * NSTAMP];  // [3k]: first entry, [3k+1]: last entry, [3k+2]: last exit
 // Compiled in only by a build with MOE_BACKEND_STAMPS=1 (-DMOE_STAMPS): even switched off, the

@@ -497,6 +497,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
     }
     const unsigned here = __ballot_sync(0xffffffffu, mine >= 0);
     if (!here) continue;
+    stamp_exit(ST_PAD_SLOTS_IN);
     const int nk = __popc(here);
     const float wmine = weighted && mine >= 0 ? in.w[mine] : 1.0f;
     const int c1 = min(chunks, (slice + 1) * sper);
@@ -516,6 +517,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
           const int s1 = min(c1, s0 + SEND_BULK_CHUNKS);
           const unsigned bytes = (unsigned)(s1 - s0) * 16u;
           bulk_rows_one_wait(buf_sa, SEND_BULK_CHUNKS * 16, src + (long long)s0 * 16, bytes, nk, bar_sa, parity);
+          stamp_exit(ST_PAD_ROWS_IN);
           for (int c = s0 + lane; c < s1; c += 32) {
             float acc[VEC];
 #pragma unroll

@@ -46,19 +46,21 @@ STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_i
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
           "combine_send_rows", "send_table", "direct_rows", "table_masks", "table_entries", "recv_start",
           "direct_copied", "plan_summed", "plan_scanned", "pad_dispatch", "pad_masks", "pad_rows", "pad_counts",
-          "pad_combine", "pad_scanned", "pad_sent", "pad_empty_counts", "pad_copied"]  # the kernels' enum Stamp order
+          "pad_combine", "pad_scanned", "pad_sent", "pad_empty_counts", "pad_copied", "pad_slots_in",
+          "pad_rows_in"]  # the kernels' enum Stamp order
 DISPATCH = ["send", "table_masks", "table_entries", "send_table", "recv_start", "plan", "plan_waited", "plan_barrier",
             "plan_summed", "plan_scanned", "direct_rows", "direct_copied", "copy"]
 COMBINE = ["combine_send", "combine_send_loop", "combine_send_rows", "combine_send_summed", "combine_send_fenced",
            "combine_send_items", "combine_recv"]
 PADDED_DISPATCH = ["pad_dispatch", "pad_masks", "pad_copied", "pad_rows", "pad_empty_counts",
                    "pad_counts"]  # --padded: dispatch_padded
-PADDED_COMBINE = ["pad_combine", "pad_scanned", "pad_sent"]  # and combine_padded
+PADDED_COMBINE = ["pad_combine", "pad_scanned", "pad_slots_in", "pad_rows_in", "pad_sent"]  # and combine_padded
 # stamps that record one moment (the latest over warps), not a kernel
 EXIT_ONLY = ("send_table", "direct_rows", "plan_waited", "plan_barrier", "combine_send_items", "table_masks",
              "table_entries", "recv_start", "direct_copied", "plan_summed", "plan_scanned",
              "combine_send_summed", "combine_send_fenced", "combine_send_loop", "combine_send_rows",
-             "pad_masks", "pad_rows", "pad_counts", "pad_scanned", "pad_sent", "pad_empty_counts", "pad_copied")
+             "pad_masks", "pad_rows", "pad_counts", "pad_scanned", "pad_sent", "pad_empty_counts", "pad_copied",
+             "pad_slots_in", "pad_rows_in")
 WARMUP = 10
 
 

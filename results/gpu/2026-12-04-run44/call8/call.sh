@@ -8,9 +8,9 @@
 # from main (kernels as main46's, with the timeline stamps), gzip it; carry `.commit .devso`.
 # Each timeline: medians over 200 iterations per rank, the whole op by CUDA events beside them.
 set -u
-# Session 59: main's stamps build is `padstamps39` (`scripts/build_device_extension.sh padstamps39
-# MOE_BACKEND_STAMPS=1`, gzip it; carry `.commit .devso/padstamps39.so.gz`).
-source scripts/gpu_call.sh padstamps39
+# Session 59: main's stamps build is `padstamps43` (`scripts/build_device_extension.sh padstamps43
+# MOE_BACKEND_STAMPS=1`, gzip it; carry `.commit .devso/padstamps43.so.gz`).
+source scripts/gpu_call.sh padstamps43
 tl() {  # NAME ARGS...: one timeline, its JSON under $OUT
   local name=$1
   shift
