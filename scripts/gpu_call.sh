@@ -8,8 +8,9 @@
 #         prints NAME's exit status, the seconds since the call began and the log's test summary
 #         lines, then packs: a call cut short still returns every finished step.
 #   use_build NAME   puts another carried build, .devso/NAME.so, in place for the steps after it.
-#   decode_bench_ws1 BUILD [TAG]   a step: DeepSeek decode at world size 1 on BUILD, the contiguous
-#         ops through their cross-rank path (SELF_SEND=1), into $raw/decode_ws1_BUILDTAG.json.
+#   decode_bench_ws1 BUILD [TAG [ARG...]]   a step: DeepSeek decode at world size 1 on BUILD, the
+#         contiguous ops through their cross-rank path (SELF_SEND=1), with the bench's ARGs (e.g.
+#         --num-tokens 1 8 32), into $raw/decode_ws1_BUILDTAG.json.
 #   padded_tests NAME   two steps on the build in place: the padded tests at world size 1, then at
 #         EP2 with both ranks on the one GPU (8 cases), logs tests_padded_{single,shared}_NAME.log.
 for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
@@ -37,8 +38,9 @@ use_build() {
 decode_bench_ws1() {
   local name=$1${2:-}
   use_build "$1"
+  shift $(( $# < 2 ? $# : 2 ))
   step "decode bench ws1 $name" "bench_$name.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
-    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --out "$raw/decode_ws1_$name.json"
+    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 "$@" --out "$raw/decode_ws1_$name.json"
   grep -E "^nvshmem" "$raw/bench_$name.log"
 }
 padded_tests() {

@@ -12,10 +12,5 @@ set -u
 source scripts/gpu_call.sh pad42
 padded_tests pad42
 for b in pad39:a pad41: pad42: pad39:b; do
-  IFS=: read -r build tag <<< "$b"
-  use_build "$build"
-  step "decode bench $build$tag" "bench_$build$tag.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
-    --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 32 128 \
-    --out "$raw/decode_ws1_$build$tag.json"
-  grep -E "^nvshmem" "$raw/bench_$build$tag.log"
+  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 32 128
 done
