@@ -108,7 +108,7 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     touches go before the sleep, not after it: the op then follows the sleep (and all-reduce) as a
     cold one does, with no kernel between them. (The small whole contiguous ops are still 0.5-1.7 us
     slower warm, read or written, run 52 call 7: not this kernel, nor the SMs' carveout; open,
-    docs/PERF_NOTES.md.)"""
+    docs/PERF_NOTES.md, "The warm penalty".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             touch(t, warm)

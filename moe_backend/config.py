@@ -79,13 +79,14 @@ class BenchConfig:
     warm_by: str = "read"
 
     def warm_mode(self) -> str:
-        """'' (cold), 'read' or 'write': what `bench.barrier` does to a call's inputs."""
-        return warm_mode(self.warm_inputs, self.warm_by)
+        """'' (cold), 'read' or 'write': what `bench.barrier` does to a call's inputs. warm_by
+        (always set: "read" by default) says how, only where warm_inputs is on."""
+        return self.warm_by if self.warm_inputs else ""
 
 
 def warm_mode(warm_inputs: bool, warm_by: str | None) -> str:
-    """The warm mode of a `--warm-inputs` / `--warm-by` pair (`--warm-by` implies warm inputs):
-    '' (cold), or how they are touched, "read" by default."""
+    """The warm mode of a command line's `--warm-inputs` / `--warm-by` pair (`--warm-by`, None
+    unless given, implies warm inputs): '' (cold), or how they are touched, "read" by default."""
     return (warm_by or "read") if warm_inputs or warm_by else ""
 
 

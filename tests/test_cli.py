@@ -289,6 +289,25 @@ def test_barrier_rewrites_each_input_in_place_when_warm_by_write(monkeypatch) ->
     assert torch.equal(strided, before[1])
 
 
+def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
+    """A preset's default warm_by ("read") says how warm inputs are touched, not that they are:
+    without warm_inputs the barrier touches nothing (9d47826 made every default bench warm)."""
+    from moe_backend.cli import resolve_preset
+    from moe_backend.config import load_bench, warm_mode
+
+    bench = load_bench(resolve_preset("deepseek_decode")).bench
+    assert bench.warm_by == "read" and not bench.warm_inputs
+    assert bench.warm_mode() == ""
+    bench.warm_by = "write"
+    assert bench.warm_mode() == ""
+    bench.warm_inputs = True
+    assert bench.warm_mode() == "write"
+    bench.warm_by = "read"
+    assert bench.warm_mode() == "read"
+    # the command line's pair: --warm-by (None unless given) implies warm inputs
+    assert warm_mode(False, None) == "" and warm_mode(True, None) == "read" and warm_mode(False, "write") == "write"
+
+
 def test_bench_warm_by_write_is_recorded(tmp_path: Path) -> None:
     """--warm-by write implies --warm-inputs; the JSON records it and the table says so."""
     out = tmp_path / "warm.json"
