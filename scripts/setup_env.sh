@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.12}
-# A fresh install (torch's CUDA build, triton, the extension) takes ~5.6 GiB of disk;
+# A fresh install (torch's CUDA build, triton, the extension) takes ~5.7 GiB of disk;
 # install_deps.py keeps pip's peak near that. Warn, not refuse: the estimate is not exact.
 NEED_GB=${MOE_BACKEND_SETUP_NEED_GB:-6}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
@@ -38,5 +38,10 @@ stamp=.venv/.moe_backend_build_stamp
 inputs=$(cat setup.py csrc/* 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
   .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+  # Bytecode for what the package and its tests import (~75 MB; all modules' would be ~0.2 GB,
+  # see install_deps.py): where PYTHONDONTWRITEBYTECODE is set, each process would otherwise
+  # recompile torch and megatron-core (~7 s a start). Only a speed-up: the tests report failures.
+  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -W ignore -c \
+    "import torch, moe_backend, megatron.core.transformer.moe.token_dispatcher" 2>/dev/null || true
   echo "$inputs" > "$stamp"
 fi
