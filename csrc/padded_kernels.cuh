@@ -103,6 +103,11 @@ __device__ __forceinline__ void pad_send_count(const Params& p, const PadArgs& a
 // and the last in this order (the receive's and the empty counts' threads) are the last blocks'
 // last warps, the last to get a row item.
 __device__ __forceinline__ int pad_round_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
+// A thread's place counted from the last in that order (0: the last block's last lane): the small
+// per-expert loops start there, on the warps least likely to have a row item.
+__device__ __forceinline__ int pad_round_thread_from_last() {
+  return gridDim.x * blockDim.x - 1 - (pad_round_warp() * 32 + (threadIdx.x & 31));
+}
 
 // The send: every block builds the routing's token masks per expert in shared memory; a warp per
 // (t, k, slice) stores its slice of the row into its slot, an expert's last one raising its count;
@@ -215,7 +220,7 @@ __device__ __forceinline__ unsigned long long pad_send_part(const Params& p, con
   // Experts none of whose rows this replica sends (and, local_unordered, this GPU's): their counts,
   // after the rows and from the last threads in round order (a small call's warps with no row item),
   // so they do not hold back the first rows.
-  for (int e = nthreads - 1 - (pad_round_warp() * 32 + lane); e < p.E; e += nthreads) {
+  for (int e = pad_round_thread_from_last(); e < p.E; e += nthreads) {
     const unsigned* m = pad_mask + e * W;
     if ((local_unordered && e / p.L == p.rank) || pad_mine(m, W, p.tp, p.replica) == 0)
       pad_send_count<false>(p, a, e, pad_total(m, W), round);
@@ -241,7 +246,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_dispatch_kernel(const __grid_con
                                        : *reinterpret_cast<volatile unsigned long long*>(&a.state[0]);
   // Receive: a thread a local expert waits for its W count words, from the last threads in round
   // order (a small call's warps with no row item, as the counts' stores: their waits overlap the rows).
-  for (int l = nthreads - 1 - (pad_round_warp() * 32 + (tid & 31)); (phase & PAD_RECV) && l < p.L; l += nthreads) {
+  for (int l = pad_round_thread_from_last(); (phase & PAD_RECV) && l < p.L; l += nthreads) {
     long long total = 0;
     for (int r = 0; r < p.W; ++r) {
       const auto* word = reinterpret_cast<const unsigned long long*>(a.base + a.off_cnt + ((long long)l * p.W + r) * 8);

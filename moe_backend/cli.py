@@ -138,10 +138,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset.bench.num_tokens = args.num_tokens
         if args.world_size:
             preset.bench.world_size = args.world_size
-        if args.warm_inputs or args.warm_by:
-            preset.bench.warm_inputs = True
-        if args.warm_by:
-            preset.bench.warm_by = args.warm_by
+        preset.bench.apply_warm_flags(args.warm_inputs, args.warm_by)
         preset.validate()
         presets.append(preset)
     return _launch(_bench_body, presets[0].bench.world_size, presets, args.backend, args.out, args.plot, args.sms)

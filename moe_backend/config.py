@@ -83,11 +83,13 @@ class BenchConfig:
         (always set: "read" by default) says how, only where warm_inputs is on."""
         return self.warm_by if self.warm_inputs else ""
 
-
-def warm_mode(warm_inputs: bool, warm_by: str | None) -> str:
-    """The warm mode of a command line's `--warm-inputs` / `--warm-by` pair (`--warm-by`, None
-    unless given, implies warm inputs): '' (cold), or how they are touched, "read" by default."""
-    return (warm_by or "read") if warm_inputs or warm_by else ""
+    def apply_warm_flags(self, warm_inputs: bool, warm_by: str | None) -> None:
+        """A command line's `--warm-inputs` / `--warm-by` (None unless given; it implies warm
+        inputs) over the preset's own settings: `moe-backend bench` and kernel_timeline.py."""
+        if warm_inputs or warm_by:
+            self.warm_inputs = True
+        if warm_by:
+            self.warm_by = warm_by
 
 
 @dataclasses.dataclass

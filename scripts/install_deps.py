@@ -43,9 +43,13 @@ def pip(args: list[str]) -> None:
     subprocess.run(cmd, check=True)
 
 
+def normalized(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
 def large_first_rank(pin: str) -> int:
     """Position of a large wheel in install order: the known largest first, then the rest."""
-    key = pin.split("==")[0].lower().replace("_", "-")
+    key = normalized(pin.split("==")[0])
     ranks = [i for i, prefix in enumerate(LARGEST_FIRST) if key.startswith(prefix)]
     return ranks[0] if ranks else len(LARGEST_FIRST)
 
@@ -55,8 +59,8 @@ def plan(packages: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     large: list[str] = []
     small: list[str] = []
     for name, version in packages:
-        key = name.lower().replace("_", "-")
-        if key == OWN_NAME.replace("_", "-"):
+        key = normalized(name)
+        if key == normalized(OWN_NAME):
             continue
         (large if key.startswith(LARGE_PREFIXES) else small).append(f"{name}=={version}")
     return sorted(large, key=large_first_rank), small

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_backend import bench, launch  # noqa: E402
 from moe_backend.communicator import Communicator  # noqa: E402
-from moe_backend.config import WARM_BY, bench_presets_dir, load_bench, resolve_config, warm_mode  # noqa: E402
+from moe_backend.config import WARM_BY, bench_presets_dir, load_bench, resolve_config  # noqa: E402
 
 STAMPS = ["send", "plan", "plan_waited", "copy", "combine_send", "combine_send_items", "combine_recv",
           "plan_barrier", "combine_send_summed", "combine_send_fenced", "combine_send_loop",
@@ -80,9 +80,12 @@ def _relative(stamps: list[int], names: list[str]) -> dict[str, float]:
 
 
 def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: str, iters: int,
-            out: str | None, split: bool, padded: bool = False, warm: str = "") -> None:
+            out: str | None, split: bool, padded: bool = False, warm_inputs: bool = False,
+            warm_by: str | None = None) -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     preset = load_bench(resolve_config(config, bench_presets_dir()))
+    preset.bench.apply_warm_flags(warm_inputs, warm_by)
+    warm = preset.bench.warm_mode()
     spec = preset.comm.to_spec(dist.get_world_size())
     options = {"transport": transport} | ({"num_sms": sms} if sms else {})
     comm = Communicator(spec, backend="nvshmem", device=device, check_inputs=False, **options)
@@ -174,7 +177,8 @@ def main() -> int:
     if not 1 <= args.world_size <= torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s)")
     launch.spawn(_worker, args.world_size, args.config, args.tokens, args.sms, args.transport, args.iters, args.out,
-                 args.split, args.padded, warm_mode(args.warm_inputs, args.warm_by), dist_backend="nccl", timeout=600)
+                 args.split, args.padded, args.warm_inputs, args.warm_by, dist_backend="nccl",
+                 timeout=600)
     return 0
 
 

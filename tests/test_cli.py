@@ -293,7 +293,12 @@ def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
     """A preset's default warm_by ("read") says how warm inputs are touched, not that they are:
     without warm_inputs the barrier touches nothing (9d47826 made every default bench warm)."""
     from moe_backend.cli import resolve_preset
-    from moe_backend.config import load_bench, warm_mode
+    from moe_backend.config import load_bench
+
+    def warm_mode(warm_inputs: bool, warm_by: str | None) -> str:
+        flagged = load_bench(resolve_preset("deepseek_decode")).bench
+        flagged.apply_warm_flags(warm_inputs, warm_by)
+        return flagged.warm_mode()
 
     bench = load_bench(resolve_preset("deepseek_decode")).bench
     assert bench.warm_by == "read" and not bench.warm_inputs
