@@ -24,7 +24,11 @@ instruction: executions, stall samples per reason) and prints:
    build with __grid_constant__ parameters, twice the warp instructions). Code that only some
    lanes take on purpose shows up too; the loops are the ones to read.
 
-    python3 scripts/ncu_groups.py KERNEL_sass.csv[.gz] [--groups 12] [--top 20]
+An export of several launches of one kernel (`ncu -k NAME --launch-count N`) is read by its first
+launch, or with --launches by every launch's counts summed (a kernel of a few microseconds gives
+too few stall samples in one launch for the instructions to be told apart).
+
+    python3 scripts/ncu_groups.py KERNEL_sass.csv[.gz] [--groups 12] [--top 20] [--launches]
                                   [--duration-us US --warps N] [--runs] [--split]
 """
 from __future__ import annotations
@@ -36,6 +40,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
+# The source page's columns that are not counts (kept from the first launch by --launches); the
+# "Avg." columns are averaged over the launches, every other column summed.
+TEXT_COLUMNS = frozenset({"Address", "Source", "Address Space", "Access Operation", "Access Size"})
 BARRIER = re.compile(r"(?<![A-Z.])BAR\.(SYNC|RED|ARV)")  # not MEMBAR / ERRBAR
 
 
@@ -46,17 +53,48 @@ def _num(text: str) -> float:
         return 0.0
 
 
-def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the export; the file may start with a kernel-name line."""
+def read_launches(path: Path) -> tuple[list[str], list[list[list[str]]]]:
+    """(header, each launch's rows) of the export: an export of several launches repeats a
+    kernel-name line and the header before each launch's rows."""
     with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         rows = list(csv.reader(f))
-    start = next((i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r), None)
-    if start is None:
+    starts = [i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r]
+    if not starts:
         raise SystemExit(f"{path}: no header with 'Address' and 'Instructions Executed' (not an ncu source CSV?)")
-    header, body = rows[start], rows[start + 1:]
-    # An export of several kernel launches repeats "Kernel Name" and the header: the first one's rows.
-    end = next((i for i, r in enumerate(body) if len(r) < len(header)), len(body))
-    return header, body[:end]
+    header = rows[starts[0]]
+    launches = []
+    for start in starts:
+        body = rows[start + 1:]
+        end = next((i for i, r in enumerate(body) if len(r) < len(header)), len(body))
+        launches.append(body[:end])
+    return header, launches
+
+
+def read_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the export's first launch."""
+    header, launches = read_launches(path)
+    return header, launches[0]
+
+
+def sum_launches(header: list[str], launches: list[list[list[str]]]) -> list[list[str]]:
+    """One table of every launch's counts summed instruction by instruction (the first launch's
+    addresses and text): a short kernel's stall samples are few in one launch. The launches must
+    be of one kernel (the same instructions in the same order)."""
+    first = launches[0]
+    src = header.index("Source")
+    for n, rows in enumerate(launches[1:], 2):
+        if [r[src] for r in rows] != [r[src] for r in first]:
+            raise SystemExit(f"launch {n} is not the first launch's kernel (its instructions differ): "
+                             "export one kernel's launches (ncu -k)")
+    out = [list(r) for r in first]
+    for c, name in enumerate(header):
+        if name in TEXT_COLUMNS:
+            continue
+        scale = 1 / len(launches) if "Avg." in name else 1.0
+        for i, row in enumerate(out):
+            v = scale * sum(_num(rows[i][c]) for rows in launches)
+            row[c] = str(int(v)) if v.is_integer() else repr(v)
+    return out
 
 
 def main() -> None:
@@ -68,10 +106,16 @@ def main() -> None:
     ap.add_argument("--warps", type=int, help="the kernel's warps (grid x block / 32), for warp-time")
     ap.add_argument("--runs", action="store_true", help="print the stretches of code the kernel ran")
     ap.add_argument("--split", action="store_true", help="print the stretches most run by partial warps")
+    ap.add_argument("--launches", action="store_true",
+                    help="sum the counts of every launch in the export (default: the first launch's)")
     ap.add_argument("--split-threads", type=float, default=24.0,
                     help="--split: a stretch whose average threads a run is at most this counts (default 24)")
     args = ap.parse_args()
-    header, rows = read_rows(args.csv)
+    header, launches = read_launches(args.csv)
+    rows = sum_launches(header, launches) if args.launches else launches[0]
+    if len(launches) > 1:
+        print(f"{len(launches)} launches in the export; " + ("their counts summed" if args.launches else
+                                                           "the first one's counts (--launches sums them)"))
     col = {name: i for i, name in enumerate(header)}
     executed = col["Instructions Executed"]
     samples = col.get("Warp Stall Sampling (All Samples)")

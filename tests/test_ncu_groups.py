@@ -4,11 +4,15 @@ ncu source-page CSV."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ncu_groups.py"
+spec = importlib.util.spec_from_file_location("ncu_groups", SCRIPT)
+ncu_groups = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ncu_groups)
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
           "stall_long_sb", "stall_wait", "stall_long_sb (Not Issued)"]
 
@@ -120,3 +124,41 @@ def test_split_needs_the_thread_counts(tmp_path: Path) -> None:
     _write(csv_path, [["0x10", "FADD R1, R2, R3", "1", "100", "0", "1", "0"]])
     res = subprocess.run([sys.executable, str(SCRIPT), str(csv_path), "--split"], capture_output=True, text=True)
     assert res.returncode != 0 and "Thread Instructions Executed" in res.stderr
+
+
+def _export(path: Path, header: list[str], launches: list[list[list[str]]]) -> None:
+    lines: list[str] = []
+    for rows in launches:
+        lines += ['"Kernel Name","void k()"', ",".join(f'"{h}"' for h in header)]
+        lines += [",".join(f'"{c}"' for c in r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_launches_sums_every_launch_and_rejects_another_kernel(tmp_path: Path) -> None:
+    """Default: the first launch's counts; --launches: the counts summed instruction by
+    instruction, the averages averaged; launches of another kernel are refused."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "Avg. Threads Executed", "stall_long_sb", "stall_no_inst"]
+    one = [["0x10", "LDG.E R1, desc[UR4][R2.64]", "3", "1,000,001", "32", "3", "0"],
+           ["0x20", "EXIT", "1", "4", "32", "0", "1"]]
+    two = [["0x10", "LDG.E R1, desc[UR4][R2.64]", "5", "1,000,001", "16", "1", "4"],
+           ["0x20", "EXIT", "2", "4", "32", "0", "2"]]
+    path = tmp_path / "k_sass.csv"
+    _export(path, header, [one, two])
+    first = subprocess.run([sys.executable, str(SCRIPT), str(path)], check=True, capture_output=True,
+                           text=True).stdout
+    assert "2 launches in the export; the first one's counts" in first
+    assert "1.00M warp instructions executed, 2 instructions" in first
+    assert "stall_long_sb                 75.0%" in first  # 3 of 4 samples
+    summed = subprocess.run([sys.executable, str(SCRIPT), str(path), "--launches"], check=True,
+                            capture_output=True, text=True).stdout
+    assert "their counts summed" in summed
+    assert "2,000,002 x     1" in summed  # exact: no rounding of large sums
+    assert "stall_no_inst                 63.6%" in summed  # 7 of 11 samples
+    assert "stall_long_sb                 36.4%" in summed  # 4 of 11
+    rows = ncu_groups.sum_launches(header, [one, two])
+    assert rows[0][4] == "24" and rows[0][0] == "0x10" and rows[1][2] == "3"
+    other = [["0x10", "LDS R1, [R2]", "1", "1", "32", "1", "0"], one[1]]
+    _export(path, header, [one, other])
+    res = subprocess.run([sys.executable, str(SCRIPT), str(path), "--launches"], capture_output=True, text=True)
+    assert res.returncode != 0 and "launch 2 is not the first launch's kernel" in res.stderr
