@@ -282,6 +282,16 @@ __device__ __forceinline__ OT pad_from_float(float v) {
   else if constexpr (std::is_same_v<OT, __nv_bfloat16>) return __float2bfloat16_rn(v);
   else return __float2half_rn(v);
 }
+// acc += w * y element by element in float32, w * y rounded first (no fused multiply-add: the
+// contract's order); unweighted, y itself.
+template <int VEC, typename OT>
+__device__ __forceinline__ void pad_add_weighted(float (&acc)[VEC], const OT* y, bool weighted, float w) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    const float yv = pad_to_float(y[v]);
+    acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, w) : yv);
+  }
+}
 
 struct PadCombIn {
   const char* y;       // [L, G * M, hidden] out_dtype
@@ -417,12 +427,7 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_kernel(const __grid_cons
         const int k = order[warp][j];
         const int4 raw = __ldcg(reinterpret_cast<const int4*>(rows + (long long)k * a.out_bytes) + c);
         const OT* y = reinterpret_cast<const OT*>(&raw);
-        const float wv = weighted ? __ldcg(wk + k) : 1.0f;
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const float yv = pad_to_float(y[v]);
-          acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv) : yv);  // no fused multiply-add
-        }
+        pad_add_weighted<VEC>(acc, y, weighted, weighted ? __ldcg(wk + k) : 1.0f);
         if (j + 1 == nk || order_rank[warp][j + 1] != order_rank[warp][j]) {  // this rank's partial is done
 #pragma unroll
           for (int v = 0; v < VEC; ++v) {
@@ -445,6 +450,21 @@ template <typename T, int N>
 struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) PadVec {
   T v[N];
 };
+
+// A token's partial of 16-byte chunk c (`acc`, VEC elements) rounded to the transfer dtype XT and
+// stored as round-tagged words at every rank of its source group g: no flag, no release.
+template <typename XT, int VEC>
+__device__ __forceinline__ void pad_store_partial(const Params& p, const PadArgs& a, int g, int t, int c,
+                                                  const float (&acc)[VEC], unsigned long long round) {
+  PadVec<XT, VEC> part;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
+  const int4 word = *reinterpret_cast<const int4*>(&part);
+  for (int j = 0; j < p.tp; ++j) {
+    char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + t) * 2LL * a.part_bytes;
+    st_tagged_int4(dst + (long long)c * 32, word, round);
+  }
+}
 
 // The partials' send by bulk copies (round 83): a warp's buffer holds SEND_BULK_ROWS rows of a
 // sub-slice of SEND_BULK_CHUNKS 16-byte chunks (8 KB; 128 KB a block), so a slice's rows (at world
@@ -531,21 +551,9 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
             for (int u = 0; u < SEND_BULK_ROWS; ++u) {
               if (u >= nk) break;
               const int4 raw = lds16(buf_sa + (u * SEND_BULK_CHUNKS + (c - s0)) * 16);
-              const YV y = *reinterpret_cast<const YV*>(&raw);
-#pragma unroll
-              for (int v = 0; v < VEC; ++v) {
-                const float yv = pad_to_float(y.v[v]);
-                acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv[u]) : yv);
-              }
+              pad_add_weighted<VEC>(acc, reinterpret_cast<const YV*>(&raw)->v, weighted, wv[u]);
             }
-            PadVec<XT, VEC> part;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
-            const int4 word = *reinterpret_cast<const int4*>(&part);
-            for (int j = 0; j < p.tp; ++j) {
-              char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + t) * 2LL * a.part_bytes;
-              st_tagged_int4(dst + (long long)c * 32, word, round);
-            }
+            pad_store_partial<XT>(p, a, g, t, c, acc, round);
           }
           __syncwarp();  // every lane has read the buffer the next sub-slice's copies refill
         }
@@ -573,22 +581,11 @@ __global__ void __launch_bounds__(NTHREADS) pad_combine_partials_kernel(const __
 #pragma unroll
         for (int u = 0; u < BATCH; ++u) {
           if (!live || j0 + u >= nk) continue;
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            const float yv = pad_to_float(y[u].v[v]);
-            acc[v] = __fadd_rn(acc[v], weighted ? __fmul_rn(yv, wv[u]) : yv);
-          }
+          pad_add_weighted<VEC>(acc, y[u].v, weighted, wv[u]);
         }
       }
       if (!live) continue;
-      PadVec<XT, VEC> part;
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) part.v[v] = pad_from_float<XT>(acc[v]);
-      const int4 word = *reinterpret_cast<const int4*>(&part);
-      for (int j = 0; j < p.tp; ++j) {
-        char* dst = a.peer[g * p.tp + j] + a.off_part + ((long long)p.rank * p.M + t) * 2LL * a.part_bytes;
-        st_tagged_int4(dst + (long long)c * 32, word, round);
-      }
+      pad_store_partial<XT>(p, a, g, t, c, acc, round);
     }
   }
   stamp_exit(ST_PAD_SENT);
