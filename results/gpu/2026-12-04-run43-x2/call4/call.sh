@@ -8,9 +8,9 @@
 # lease returns the decode rows first (each step packs what it wrote). Run 44's rounds 62-64 have
 # their EP2 A/Bs in results/gpu/2026-12-04-run44/call7/call.sh, the call after this one.
 set -u
-# Session 59: main's build is `pad39` (`scripts/build_device_extension.sh pad39`, gzip it; carry
-# `.commit .devso/pad39.so.gz`, not the whole .devso: it outgrew the carry limit).
-source scripts/gpu_call.sh pad39
+# Session 61: main's build is `pad45` (`scripts/build_device_extension.sh pad45`, gzip it; carry
+# `.commit .devso/pad45.so.gz`, not the whole .devso: it outgrew the carry limit).
+source scripts/gpu_call.sh pad45
 R1=results/gpu/2026-12-04-run43-x2/call1
 record() {
   step "$1" "$1.log" 100 python3 -m moe_backend.cli bench --config $1 --backend all --sms 24 --world-size 2 \

@@ -12,9 +12,9 @@
 # 3. The sweep's overlap rows with every send by copy engine, flags copied (CE_SEND=1
 #    CE_FLAG_COPY=1): no SM taken from the matmul by the send; against call 4's sweep.
 set -u
-# Session 59: main's build is `pad39` (`scripts/build_device_extension.sh pad39`, gzip it; carry
-# `.commit .devso/pad39.so.gz`, not the whole .devso: it outgrew the carry limit).
-source scripts/gpu_call.sh pad39
+# Session 61: main's build is `pad45` (`scripts/build_device_extension.sh pad45`, gzip it; carry
+# `.commit .devso/pad45.so.gz`, not the whole .devso: it outgrew the carry limit).
+source scripts/gpu_call.sh pad45
 step "CE tests" tests_ce.log 150 python3 -m pytest -q -m gpu -rA tests/gpu/test_nvshmem.py -k "copy_engine_send"
 step "work-between, flags copied" tests_wb.log 100 env ${N}_CE_SEND=1 ${N}_CE_FLAG_COPY=1 python3 -m pytest -q -m gpu \
   -rA tests/gpu/test_nvshmem.py -k "work_between"

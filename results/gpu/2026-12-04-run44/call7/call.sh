@@ -12,9 +12,9 @@
 # 3. Round 63 (PUT_TAGGED=1): the sweep's put and nvlink rows at 1-32 tokens. Predicted: put's
 #    16-token combine 14.9 -> ~12.1-13.4 us (1.08-1.19x nvlink's).
 set -u
-# Session 59: main's build is `pad39` (`scripts/build_device_extension.sh pad39`, gzip it; carry
-# `.commit .devso/pad39.so.gz`, not the whole .devso: it outgrew the carry limit).
-source scripts/gpu_call.sh pad39
+# Session 61: main's build is `pad45` (`scripts/build_device_extension.sh pad45`, gzip it; carry
+# `.commit .devso/pad45.so.gz`, not the whole .devso: it outgrew the carry limit).
+source scripts/gpu_call.sh pad45
 step "ab overlap (rounds 62, 64)" ab_overlap.log 300 env AB_BENCH_ARGS="--world-size 2 --num-tokens 1 4 16 32 64 128" \
   bash scripts/gpu_ab_bench.sh $raw/ab_overlap deepseek_sweep \
   base ${N}_OVERLAP_SMS=132 ${N}_TWO_PART_RECV=1 ${N}_TWO_PART_RECV=1,${N}_OVERLAP_SMS=4 \

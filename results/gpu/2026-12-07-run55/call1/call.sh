@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 61 (prepared), one GPU; carry `.commit .devso/pad39.so.gz` (main's kernels).
+# Session 61 (prepared), one GPU; carry `.commit .devso/pad45.so.gz` (main's kernels: `pad39`'s SASS
+# but for one instruction's place and two registers, after 7ac4fac's helpers).
 # Where the 1-token padded kernels' time goes, by instruction (rounds 87-89 moved their loads and
 # gained nothing; run 54 call 3's stamps: the combine's send 5.4 of its 6.8 us). Run 46 call 6's
 # ncu took one launch at the default sampling interval: 7 and 44 stall samples. Here: the stall
@@ -7,7 +8,7 @@
 # left as they are; the source page (SASS, samples per reason and instruction) of every launch as CSV, summed by
 # `scripts/ncu_groups.py --launches` (stall_no_inst against stall_long_sb: code against loads).
 set -u
-source scripts/gpu_call.sh pad39
+source scripts/gpu_call.sh pad45
 for k in pad_dispatch_kernel pad_combine_partials_kernel; do
   step "ncu $k" ncu_$k.log 200 ncu --section SourceCounters --section WarpStateStats --sampling-interval 0 \
     --import-source yes --cache-control none --clock-control none -k regex:$k --launch-skip 4 --launch-count 20 \
