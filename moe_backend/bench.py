@@ -80,21 +80,42 @@ def padded_filled_index(counts: torch.Tensor, slots: int) -> torch.Tensor:
     return filled.reshape(-1).nonzero().squeeze(1)
 
 
-def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor) -> None:
-    """`--warm-inputs` for the padded combine: each filled row of `y [L, G * M, hidden]` read and
-    written back in place (plus zero), as the expert GEMM leaves them: in L2, dirty. Gathering them
-    instead would add a second copy's dirty lines for the combine's stores to evict (the whole `y`
-    is hundreds of MB at decode sizes, past WARM_MAX_BYTES)."""
+def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor, mode: str) -> None:
+    """`--warm-inputs` for the padded combine (`mode` as `touch`'s; "" does nothing): each filled
+    row of `y [L, G * M, hidden]` read and written back in place (plus zero), as the expert GEMM
+    leaves them: in L2, dirty. Gathering them instead would add a second copy's dirty lines for the
+    combine's stores to evict (the whole `y` is hundreds of MB at decode sizes, past
+    WARM_MAX_BYTES). "scratch" reads a buffer of the filled rows' size instead."""
+    if not mode:
+        return
     groups = counts.shape[1]
     flat = y.view(-1, y.shape[-1])
     idx = padded_filled_index(counts.to(y.device), y.shape[1] // groups)
-    flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
+    if mode == "scratch":
+        scratch_bytes(y.device, idx.numel() * flat.shape[1] * flat.element_size()).amax()
+    else:
+        flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
+
+
+_scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
+    """A bytes buffer of nbytes (at least one) on device, made once per size: what `--warm-by
+    scratch` reads instead of an input."""
+    key = (device, max(nbytes, 1))
+    if key not in _scratch:
+        _scratch[key] = torch.ones(key[1], dtype=torch.uint8, device=device)
+    return _scratch[key]
 
 
 def touch(t: torch.Tensor, mode: str) -> None:
     """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
-    bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would."""
-    if mode == "write" and t.is_contiguous():
+    bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would;
+    "scratch" reads a buffer of its size instead (the read's kernel, the input left cold)."""
+    if mode == "scratch":
+        scratch_bytes(t.device, t.numel() * t.element_size()).amax()
+    elif mode == "write" and t.is_contiguous():
         t.view(-1).view(torch.uint8).bitwise_or_(0)
     else:  # a strided input (none of the bench's) is read through a contiguous copy
         t.contiguous().view(-1).view(torch.uint8).amax()
@@ -103,11 +124,12 @@ def touch(t: torch.Tensor, mode: str) -> None:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (BenchConfig.warm_mode(): "read" or "write"; "" cold): the call's `inputs` each touched once
-    first (`touch`), so the call finds them in L2 and the TLBs as a model's step would. The
-    touches go before the sleep, not after it: the op then follows the sleep (and all-reduce) as a
-    cold one does, with no kernel between them. (The small whole contiguous ops are still 0.5-1.7 us
-    slower warm, read or written, run 52 call 7: not this kernel, nor the SMs' carveout; open,
+    (BenchConfig.warm_mode(): "read", "write" or the control "scratch"; "" cold): the call's `inputs`
+    each touched once first (`touch`), so the call finds them in L2 and the TLBs as a model's step
+    would. The touches go before the sleep, not after it: the op then follows the sleep (and
+    all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
+    still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
+    kernel, nor the SMs' carveout; "scratch" asks whether the touching kernels alone cause it. Open,
     docs/PERF_NOTES.md, "The warm penalty".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
@@ -239,8 +261,7 @@ def time_comm(comm: Communicator, n: int, preset: BenchPreset, clock: Clock) -> 
             if y_padded is None:
                 y_padded = torch.randn(res.tokens.shape, device=device).to(spec.out_dtype)
             combine_w = res.weights if weighted else None
-            if warm:
-                touch_padded_filled_rows(y_padded, res.counts)
+            touch_padded_filled_rows(y_padded, res.counts, warm)
             barrier(device, flag, (combine_w,), warm)
             p2 = clock.mark()
             comm.combine_padded(y_padded, res.handle, combine_w)
@@ -528,7 +549,8 @@ def machine_info() -> dict[str, Any]:
 def _warm_note(bench: dict[str, Any]) -> str:
     if not bench.get("warm_inputs"):
         return ""
-    return "; inputs warm" + (" (rewritten)" if bench.get("warm_by") == "write" else "")
+    how = {"write": " (rewritten)", "scratch": " (control: a scratch buffer read instead; inputs cold)"}
+    return "; inputs warm" + how.get(bench.get("warm_by", "read"), "")
 
 
 def format_table(report: dict[str, Any]) -> str:

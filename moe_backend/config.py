@@ -53,7 +53,7 @@ class CommConfig:
         )
 
 
-WARM_BY = ("read", "write")
+WARM_BY = ("read", "write", "scratch")
 
 
 @dataclasses.dataclass
@@ -75,11 +75,13 @@ class BenchConfig:
     # the layer before has just written them): off, they are cold after the barrier's device sleep.
     warm_inputs: bool = False
     # How warm_inputs touches them: "read" (each read once: clean lines in L2) or "write" (each
-    # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them).
+    # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them);
+    # "scratch" is the control: a scratch buffer of each input's size read instead, so the same
+    # kernels run before the barrier and the inputs stay cold.
     warm_by: str = "read"
 
     def warm_mode(self) -> str:
-        """'' (cold), 'read' or 'write': what `bench.barrier` does to a call's inputs. warm_by
+        """'' (cold), 'read', 'write' or 'scratch': what `bench.barrier` does before a call. warm_by
         (always set: "read" by default) says how, only where warm_inputs is on."""
         return self.warm_by if self.warm_inputs else ""
 

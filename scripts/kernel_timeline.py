@@ -111,8 +111,8 @@ def _worker(config: str, tokens: list[int] | None, sms: int | None, transport: s
             m1 = clock.mark()
             if y is None:
                 y = torch.randn(result.tokens.shape[:-1] + (spec.hidden,), device=device).to(spec.out_dtype)
-            if padded and warm:  # its filled rows, in place (the whole is past bench.WARM_MAX_BYTES)
-                bench.touch_padded_filled_rows(y, result.counts)
+            if padded:  # its filled rows, in place (the whole is past bench.WARM_MAX_BYTES)
+                bench.touch_padded_filled_rows(y, result.counts, warm)
             bench.barrier(device, flag, () if padded else (y,), warm)
             m2 = clock.mark()
             if padded:

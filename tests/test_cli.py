@@ -289,6 +289,24 @@ def test_barrier_rewrites_each_input_in_place_when_warm_by_write(monkeypatch) ->
     assert torch.equal(strided, before[1])
 
 
+def test_barrier_reads_a_scratch_buffer_when_warm_by_scratch(monkeypatch) -> None:
+    """warm="scratch" (the control): a buffer of each input's size read, made once per size; the
+    input itself neither read nor written."""
+    from moe_backend import bench as benchmod
+
+    read = []
+    real_amax = torch.Tensor.amax
+    monkeypatch.setattr(torch.Tensor, "amax", lambda t, *a, **k: read.append(t) or real_amax(t, *a, **k))
+    monkeypatch.setattr(torch.Tensor, "bitwise_or_", lambda t, *a: pytest.fail("an input was written"))
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    for _ in range(2):
+        benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids), warm="scratch")
+    assert [t.numel() for t in read] == [3 * 8 * 2, 3 * 2 * 4] * 2  # the inputs' bytes
+    assert all(t.dtype == torch.uint8 and t.data_ptr() not in (x.data_ptr(), ids.data_ptr()) for t in read)
+    assert read[0].data_ptr() == read[2].data_ptr()  # the same buffer each time
+
+
 def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
     """A preset's default warm_by ("read") says how warm inputs are touched, not that they are:
     without warm_inputs the barrier touches nothing (9d47826 made every default bench warm)."""
@@ -313,15 +331,17 @@ def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
     assert warm_mode(False, None) == "" and warm_mode(True, None) == "read" and warm_mode(False, "write") == "write"
 
 
-def test_bench_warm_by_write_is_recorded(tmp_path: Path) -> None:
-    """--warm-by write implies --warm-inputs; the JSON records it and the table says so."""
+@pytest.mark.parametrize("warm_by, note", [("write", r"inputs warm \(rewritten\)"),
+                                           ("scratch", r"inputs warm \(control: a scratch buffer read instead")])
+def test_bench_warm_by_is_recorded(tmp_path: Path, warm_by: str, note: str) -> None:
+    """--warm-by implies --warm-inputs; the JSON records it and the table says so."""
     out = tmp_path / "warm.json"
     res = cli("bench", "--backend", "reference", "--iters", "2", "--warmup", "0", "--num-tokens", "2",
-              "--warm-by", "write", "--out", str(out))
+              "--warm-by", warm_by, "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert re.search(r"== deepseek-decode: .*; inputs warm \(rewritten\)", res.stdout)
+    assert re.search(r"== deepseek-decode: .*; " + note, res.stdout)
     bench = json.loads(out.read_text())["results"][0]["config"]["bench"]
-    assert bench["warm_inputs"] is True and bench["warm_by"] == "write"
+    assert bench["warm_inputs"] is True and bench["warm_by"] == warm_by
 
 
 def test_bench_rejects_an_unknown_warm_by() -> None:
@@ -361,10 +381,14 @@ def test_padded_filled_rows_are_touched_in_place_and_kept() -> None:
     assert benchmod.padded_filled_index(counts, slots).tolist() == want
     y = torch.randn(experts, groups * slots, hidden).to(torch.bfloat16)
     before = y.clone()
-    benchmod.touch_padded_filled_rows(y, counts)
+    benchmod.touch_padded_filled_rows(y, counts, "read")
     assert torch.equal(y.view(torch.int16), before.view(torch.int16))  # bit for bit
     # Which rows were written: -0.0 plus zero is +0.0, so exactly the filled rows lose their sign.
     z = torch.full((experts, groups * slots, hidden), -0.0, dtype=torch.bfloat16)
-    benchmod.touch_padded_filled_rows(z, counts)
+    for cold in ("", "scratch"):  # cold: nothing; the control: a scratch buffer read instead
+        benchmod.touch_padded_filled_rows(z, counts, cold)
+        assert torch.signbit(z).all()
+    assert (z.device, len(want) * hidden * 2) in benchmod._scratch  # the filled rows' bytes, read
+    benchmod.touch_padded_filled_rows(z, counts, "write")
     written = torch.signbit(z.view(-1, hidden)).logical_not().all(dim=1).nonzero().squeeze(1).tolist()
     assert written == want and not torch.signbit(z.view(-1, hidden)[want]).any()
