@@ -549,8 +549,9 @@ def machine_info() -> dict[str, Any]:
 def _warm_note(bench: dict[str, Any]) -> str:
     if not bench.get("warm_inputs"):
         return ""
-    how = {"write": " (rewritten)", "scratch": " (control: a scratch buffer read instead; inputs cold)"}
-    return "; inputs warm" + how.get(bench.get("warm_by", "read"), "")
+    how = {"read": "; inputs warm", "write": "; inputs warm (rewritten)",
+           "scratch": "; control: a scratch buffer of each input's size read before each call, inputs cold"}
+    return how[bench.get("warm_by", "read")]
 
 
 def format_table(report: dict[str, Any]) -> str:

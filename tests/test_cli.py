@@ -331,8 +331,10 @@ def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
     assert warm_mode(False, None) == "" and warm_mode(True, None) == "read" and warm_mode(False, "write") == "write"
 
 
-@pytest.mark.parametrize("warm_by, note", [("write", r"inputs warm \(rewritten\)"),
-                                           ("scratch", r"inputs warm \(control: a scratch buffer read instead")])
+@pytest.mark.parametrize("warm_by, note", [
+    ("write", r"inputs warm \(rewritten\)"),
+    ("scratch", r"control: a scratch buffer of each input's size read before each call, inputs cold"),
+])
 def test_bench_warm_by_is_recorded(tmp_path: Path, warm_by: str, note: str) -> None:
     """--warm-by implies --warm-inputs; the JSON records it and the table says so."""
     out = tmp_path / "warm.json"
