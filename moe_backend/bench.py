@@ -88,13 +88,12 @@ def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor, mode: str) -
     WARM_MAX_BYTES). "scratch" reads a buffer of the filled rows' size instead."""
     if not mode:
         return
-    groups = counts.shape[1]
     flat = y.view(-1, y.shape[-1])
-    idx = padded_filled_index(counts.to(y.device), y.shape[1] // groups)
-    if mode == "scratch":
-        scratch_bytes(y.device, idx.numel() * flat.shape[1] * flat.element_size()).amax()
-    else:
-        flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
+    if mode == "scratch":  # the rows' bytes alone: no index to build
+        scratch_bytes(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size()).amax()
+        return
+    idx = padded_filled_index(counts.to(y.device), y.shape[1] // counts.shape[1])
+    flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
 
 
 _scratch: dict[tuple[torch.device, int], torch.Tensor] = {}

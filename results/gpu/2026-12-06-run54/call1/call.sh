@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 61: run as run 54 call 1 (prepared as run 53 call 6).
+# Session 61: run as run 54 call 1 (prepared in session 59 as run 53 call 6, moved here).
 # Session 59 (prepared), one GPU; carry `.commit .devso/pad39.so.gz .devso/pad32.so.gz` (main's
 # kernels after round 86; main's before it: build both from their commits, 32bdf45 and 9d47826).
 # Round 86 cold: calls 1 and 3 timed it with the inputs warm by read (the bench's default-warm bug,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 61: run as run 54 call 3 (prepared as run 53 call 5).
+# Session 61: run as run 54 call 3 (prepared in session 59 as run 53 call 5, moved here).
 # Session 59 (prepared), one GPU; carry `.commit .devso/padstamps43.so.gz` (main's kernels with
 # stamps, built after the two stamps below were added: `scripts/build_device_extension.sh
 # padstamps43 MOE_BACKEND_STAMPS=1`, gzip it; without stamps the kernels' SASS is pad39's).

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 61: run as run 54 call 5 (prepared as run 53 call 4), half 1; call 6 is half 2 (SHARD=2/2).
+# Session 61: run as run 54 call 5 (prepared in session 59 as run 53 call 4, moved here), half 1;
+# call 6 runs it with SHARD=2/2.
 # Session 59 (prepared, not run: the device time left could not start a machine), one GPU; carry
 # `.commit .devso/pad39.so.gz` (main's kernels after round 86).
 # The one-GPU test file's half 1 of 2 (MOE_TEST_SHARD=1/2, interleaved; ~6 min), as after each

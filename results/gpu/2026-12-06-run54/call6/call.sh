@@ -1,11 +1,5 @@
 #!/bin/bash
-# Session 61: run as run 54 call 6 with SHARD=2/2 (half 2 of the one-GPU file; call 5 was half 1).
-# Session 59 (prepared, not run: the device time left could not start a machine), one GPU; carry
-# `.commit .devso/pad39.so.gz` (main's kernels after round 86).
-# The one-GPU test file's half 1 of 2 (MOE_TEST_SHARD=1/2, interleaved; ~6 min), as after each
-# merge; half 2 is the same with MOE_TEST_SHARD=2/2 (a call of its own: each half takes ~6 min).
-set -u
-source scripts/gpu_call.sh pad39
-step "one GPU shard ${SHARD:-2/2}" tests_single_shard.log 560 env MOE_TEST_SHARD=${SHARD:-2/2} python3 -m pytest -q -m gpu -rA \
-  tests/gpu/test_nvshmem_single.py
-grep -E "passed|failed|error" "$raw/tests_single_shard.log" | tail -3
+# Session 61: run 54 call 6, half 2 of the one-GPU test file on `pad39` (call 5 is half 1); carry
+# `.commit .devso/pad39.so.gz`. The same steps as call 5's script (it ran as a copy of it with
+# half 2 as its default).
+SHARD=2/2 exec bash results/gpu/2026-12-06-run54/call5/call.sh
