@@ -2,7 +2,9 @@
 # `carry: .commit .devso`): `source scripts/gpu_call.sh BUILD` unpacks the carried builds, puts
 # .devso/BUILD.so in place (scripts/build_device_extension.sh BUILD, then gzip), records .commit
 # as MOE_BACKEND_COMMIT, and defines:
-#   raw   the folder the call writes ($OUT/raw), packed into $OUT/call.tgz by `pack`;
+#   raw   the folder the call writes, packed into $OUT/call.tgz by `pack` (outside $OUT: only the
+#         one file comes back, however many steps wrote; run 55's first command lost every file to
+#         the device tool's count of them);
 #   N     the nvshmem switches' prefix (env ${N}_CE_SEND=1 ...);
 #   step NAME LOG LIMIT CMD...   runs CMD for at most LIMIT seconds, its output into $raw/LOG,
 #         prints NAME's exit status, the seconds since the call began and the log's test summary
@@ -15,7 +17,7 @@
 #         EP2 with both ranks on the one GPU (8 cases), logs tests_padded_{single,shared}_NAME.log.
 for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 export MOE_BACKEND_DEVSO=$1 MOE_BACKEND_COMMIT=$(cat .commit 2>/dev/null || echo unknown)
-raw=$OUT/raw
+raw=$(mktemp -d)/raw
 mkdir -p "$raw"
 T0=$(date +%s)
 source scripts/gpu_env.sh > /dev/null 2>&1

@@ -55,7 +55,10 @@ def _num(text: str) -> float:
 
 def read_launches(path: Path) -> tuple[list[str], list[list[list[str]]]]:
     """(header, each launch's rows) of the export: an export of several launches repeats a
-    kernel-name line and the header before each launch's rows."""
+    kernel-name line and the header before each launch's rows. The device machine's ncu
+    (`--page source --csv`) prints each launch's table twice in a row (run 55 call 1: 40 tables for 20 launches, in
+    identical pairs), so a table the same as the one before it is the same launch again: dropped
+    (two launches' stall samples are never all equal)."""
     with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         rows = list(csv.reader(f))
     starts = [i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r]
@@ -66,7 +69,8 @@ def read_launches(path: Path) -> tuple[list[str], list[list[list[str]]]]:
     for start in starts:
         body = rows[start + 1:]
         end = next((i for i, r in enumerate(body) if len(r) < len(header)), len(body))
-        launches.append(body[:end])
+        if not launches or body[:end] != launches[-1]:
+            launches.append(body[:end])
     return header, launches
 
 

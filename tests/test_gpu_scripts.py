@@ -124,6 +124,16 @@ def test_gpu_env_builds_when_the_carried_build_does_not_load(tmp_path: Path) -> 
     assert built == ["_C.built.so"], built  # the carried file removed, the build ran
 
 
+def _packed(out: Path, name: str) -> str:
+    """The text of a step's file as packed into the call's $OUT/call.tgz."""
+    import tarfile
+
+    with tarfile.open(out / "call.tgz") as tar:
+        member = tar.extractfile(f"./{name}")
+        assert member is not None, name
+        return member.read().decode()
+
+
 def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
     """A prepared call's preamble (scripts/gpu_call.sh): the carried build unpacked and named, the
     commit recorded, and each step's log written, its exit status and test summary printed and
@@ -158,6 +168,7 @@ def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
     assert (repo / ".devso" / "b.so").read_text() == "carried"
     with tarfile.open(out / "call.tgz") as tar:
         assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]
+    assert [f.name for f in out.iterdir()] == ["call.tgz"]  # the logs themselves stay off $OUT
 
 
 def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
@@ -183,8 +194,9 @@ def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
     assert lines[0].startswith("decode bench ws1 cx rc 0 at "), lines
     bench = lines[-1]
     assert bench.startswith("nvshmem c SELF_SEND=1 -m moe_backend.cli bench --config deepseek_decode"), bench
-    assert "--world-size 1" in bench and bench.endswith(f"--out {out}/raw/decode_ws1_cx.json"), bench
-    assert (out / "raw" / "bench_cx.log").exists()
+    assert "--world-size 1" in bench and bench.endswith("/raw/decode_ws1_cx.json"), bench
+    assert f"--out {out}" not in bench  # $OUT holds only call.tgz
+    assert "nvshmem c SELF_SEND=1" in _packed(out, "bench_cx.log")
 
 
 def test_gpu_call_runs_the_padded_tests_on_one_gpu_and_shared_ep2(tmp_path: Path) -> None:
@@ -203,8 +215,7 @@ def test_gpu_call_runs_the_padded_tests_on_one_gpu_and_shared_ep2(tmp_path: Path
                           capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
     assert done.returncode == 0, done
-    single = (out / "raw" / "tests_padded_single_p.log").read_text()
-    shared = (out / "raw" / "tests_padded_shared_p.log").read_text()
+    single, shared = _packed(out, "tests_padded_single_p.log"), _packed(out, "tests_padded_shared_p.log")
     assert "shared= world=" in single and single.rstrip().endswith("tests/gpu/test_nvshmem_single.py -k padded")
     assert "shared=1 world=2" in shared and shared.rstrip().endswith("tests/gpu/test_nvshmem.py -k padded")
     steps = [line for line in done.stdout.splitlines() if " rc 0 at " in line]

@@ -144,7 +144,7 @@ def test_launches_sums_every_launch_and_rejects_another_kernel(tmp_path: Path) -
     two = [["0x10", "LDG.E R1, desc[UR4][R2.64]", "5", "1,000,001", "16", "1", "4"],
            ["0x20", "EXIT", "2", "4", "32", "0", "2"]]
     path = tmp_path / "k_sass.csv"
-    _export(path, header, [one, two])
+    _export(path, header, [one, one, two, two])  # ncu prints each launch's table twice
     first = subprocess.run([sys.executable, str(SCRIPT), str(path)], check=True, capture_output=True,
                            text=True).stdout
     assert "2 launches in the export; the first one's counts" in first
