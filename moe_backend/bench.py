@@ -85,12 +85,12 @@ def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor, mode: str) -
     row of `y [L, G * M, hidden]` read and written back in place (plus zero), as the expert GEMM
     leaves them: in L2, dirty. Gathering them instead would add a second copy's dirty lines for the
     combine's stores to evict (the whole `y` is hundreds of MB at decode sizes, past
-    WARM_MAX_BYTES). "scratch" reads a buffer of the filled rows' size instead."""
+    WARM_MAX_BYTES). The controls read a scratch buffer instead (`control_read`)."""
     if not mode:
         return
     flat = y.view(-1, y.shape[-1])
-    if mode == "scratch":  # the rows' bytes alone: no index to build
-        scratch_bytes(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size()).amax()
+    if mode in CONTROLS:  # the rows' bytes alone: no index to build
+        control_read(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size(), mode)
         return
     idx = padded_filled_index(counts.to(y.device), y.shape[1] // counts.shape[1])
     flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
@@ -108,12 +108,24 @@ def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
     return _scratch[key]
 
 
+# `--warm-by launch` reads this many bytes a touch: the touching kernels run, next to nothing swept.
+LAUNCH_CONTROL_BYTES = 16
+CONTROLS = ("scratch", "launch")  # the warm modes that leave the inputs cold
+
+
+def control_read(device: torch.device, nbytes: int, mode: str) -> None:
+    """A control's touch of an input of nbytes: "scratch" reads a scratch buffer of that size,
+    "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept)."""
+    scratch_bytes(device, nbytes if mode == "scratch" else LAUNCH_CONTROL_BYTES).amax()
+
+
 def touch(t: torch.Tensor, mode: str) -> None:
     """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
     bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would;
-    "scratch" reads a buffer of its size instead (the read's kernel, the input left cold)."""
-    if mode == "scratch":
-        scratch_bytes(t.device, t.numel() * t.element_size()).amax()
+    "scratch" reads a buffer of its size instead (the read's kernel, the input left cold), "launch"
+    one of LAUNCH_CONTROL_BYTES (`control_read`)."""
+    if mode in CONTROLS:
+        control_read(t.device, t.numel() * t.element_size(), mode)
     elif mode == "write" and t.is_contiguous():
         t.view(-1).view(torch.uint8).bitwise_or_(0)
     else:  # a strided input (none of the bench's) is read through a contiguous copy
@@ -123,12 +135,13 @@ def touch(t: torch.Tensor, mode: str) -> None:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (BenchConfig.warm_mode(): "read", "write" or the control "scratch"; "" cold): the call's `inputs`
+    (BenchConfig.warm_mode(): "read", "write" or the controls "scratch" and "launch"; "" cold): the call's `inputs`
     each touched once first (`touch`), so the call finds them in L2 and the TLBs as a model's step
     would. The touches go before the sleep, not after it: the op then follows the sleep (and
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
-    kernel, nor the SMs' carveout; "scratch" asks whether the touching kernels alone cause it. Open,
+    kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; "launch"
+    asks whether the kernels do or the memory they sweep. Open,
     docs/PERF_NOTES.md, "The warm penalty".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
@@ -549,7 +562,8 @@ def _warm_note(bench: dict[str, Any]) -> str:
     if not bench.get("warm_inputs"):
         return ""
     how = {"read": "; inputs warm", "write": "; inputs warm (rewritten)",
-           "scratch": "; control: a scratch buffer of each input's size read before each call, inputs cold"}
+           "scratch": "; control: a scratch buffer of each input's size read before each call, inputs cold",
+           "launch": f"; control: {LAUNCH_CONTROL_BYTES} bytes read for each input before each call, inputs cold"}
     return how[bench.get("warm_by", "read")]
 
 

@@ -53,7 +53,7 @@ class CommConfig:
         )
 
 
-WARM_BY = ("read", "write", "scratch")
+WARM_BY = ("read", "write", "scratch", "launch")
 
 
 @dataclasses.dataclass
@@ -77,11 +77,12 @@ class BenchConfig:
     # How warm_inputs touches them: "read" (each read once: clean lines in L2) or "write" (each
     # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them);
     # "scratch" is the control: a scratch buffer of each input's size read instead, so the same
-    # kernels run before the barrier and the inputs stay cold.
+    # kernels run before the barrier and the inputs stay cold; "launch" the same kernels reading
+    # LAUNCH_CONTROL_BYTES each (the kernels with next to nothing swept).
     warm_by: str = "read"
 
     def warm_mode(self) -> str:
-        """'' (cold), 'read', 'write' or 'scratch': what `bench.barrier` does before a call. warm_by
+        """'' (cold), 'read', 'write', 'scratch' or 'launch': what `bench.barrier` does before a call. warm_by
         (always set: "read" by default) says how, only where warm_inputs is on."""
         return self.warm_by if self.warm_inputs else ""
 

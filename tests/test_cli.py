@@ -289,9 +289,11 @@ def test_barrier_rewrites_each_input_in_place_when_warm_by_write(monkeypatch) ->
     assert torch.equal(strided, before[1])
 
 
-def test_barrier_reads_a_scratch_buffer_when_warm_by_scratch(monkeypatch) -> None:
-    """warm="scratch" (the control): a buffer of each input's size read, made once per size; the
-    input itself neither read nor written."""
+@pytest.mark.parametrize("warm", ["scratch", "launch"])
+def test_barrier_reads_a_scratch_buffer_when_warm_by_a_control(monkeypatch, warm: str) -> None:
+    """The controls: "scratch" reads a buffer of each input's size, "launch" one of 16 bytes for
+    each input (the same number of reads), each made once per size; the input itself neither read
+    nor written."""
     from moe_backend import bench as benchmod
 
     read = []
@@ -301,8 +303,9 @@ def test_barrier_reads_a_scratch_buffer_when_warm_by_scratch(monkeypatch) -> Non
     x = torch.randn(3, 8).to(torch.bfloat16)
     ids = torch.zeros(3, 2, dtype=torch.int32)
     for _ in range(2):
-        benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids), warm="scratch")
-    assert [t.numel() for t in read] == [3 * 8 * 2, 3 * 2 * 4] * 2  # the inputs' bytes
+        benchmod.barrier(torch.device("cpu"), torch.ones(1), (x, None, ids), warm=warm)
+    sizes = [3 * 8 * 2, 3 * 2 * 4] if warm == "scratch" else [benchmod.LAUNCH_CONTROL_BYTES] * 2
+    assert [t.numel() for t in read] == sizes * 2  # the inputs' bytes, or the launch control's
     assert all(t.dtype == torch.uint8 and t.data_ptr() not in (x.data_ptr(), ids.data_ptr()) for t in read)
     assert read[0].data_ptr() == read[2].data_ptr()  # the same buffer each time
 
@@ -334,6 +337,7 @@ def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
 @pytest.mark.parametrize("warm_by, note", [
     ("write", r"inputs warm \(rewritten\)"),
     ("scratch", r"control: a scratch buffer of each input's size read before each call, inputs cold"),
+    ("launch", r"control: 16 bytes read for each input before each call, inputs cold"),
 ])
 def test_bench_warm_by_is_recorded(tmp_path: Path, warm_by: str, note: str) -> None:
     """--warm-by implies --warm-inputs; the JSON records it and the table says so."""
@@ -387,10 +391,11 @@ def test_padded_filled_rows_are_touched_in_place_and_kept() -> None:
     assert torch.equal(y.view(torch.int16), before.view(torch.int16))  # bit for bit
     # Which rows were written: -0.0 plus zero is +0.0, so exactly the filled rows lose their sign.
     z = torch.full((experts, groups * slots, hidden), -0.0, dtype=torch.bfloat16)
-    for cold in ("", "scratch"):  # cold: nothing; the control: a scratch buffer read instead
+    for cold in ("", "scratch", "launch"):  # cold: nothing; the controls: a scratch buffer read instead
         benchmod.touch_padded_filled_rows(z, counts, cold)
         assert torch.signbit(z).all()
     assert (z.device, len(want) * hidden * 2) in benchmod._scratch  # the filled rows' bytes, read
+    assert (z.device, benchmod.LAUNCH_CONTROL_BYTES) in benchmod._scratch
     benchmod.touch_padded_filled_rows(z, counts, "write")
     written = torch.signbit(z.view(-1, hidden)).logical_not().all(dim=1).nonzero().squeeze(1).tolist()
     assert written == want and not torch.signbit(z.view(-1, hidden)[want]).any()
