@@ -9,8 +9,9 @@
 # also check `pad45` (main's helpers) against `pad39`'s in run 54 call 4: predicted within 0.2 us.
 set -u
 source scripts/gpu_call.sh pad45
-for mode in cold read scratch cold2; do
-  flag=$(case $mode in read|scratch) echo --warm-by=$mode ;; esac)
+# MODES: run 56 call 2 runs this script with its own list (`launch`: since 7a8490d).
+for mode in ${MODES:-cold read scratch cold2}; do
+  flag=$(case $mode in cold*) ;; *) echo --warm-by=$mode ;; esac)
   step "decode bench $mode" "bench_$mode.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
     --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 32 $flag \
     --out "$raw/decode_$mode.json"
