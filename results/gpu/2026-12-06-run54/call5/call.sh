@@ -5,8 +5,9 @@
 # `.commit .devso/pad39.so.gz` (main's kernels after round 86).
 # The one-GPU test file's half 1 of 2 (MOE_TEST_SHARD=1/2, interleaved; ~6 min), as after each
 # merge; half 2 is the same with MOE_TEST_SHARD=2/2 (a call of its own: each half takes ~6 min).
+# Session 62: BUILD (default pad39, as run) names another carried build for later runs of the file.
 set -u
-source scripts/gpu_call.sh pad39
+source scripts/gpu_call.sh ${BUILD:-pad39}
 step "one GPU shard ${SHARD:-1/2}" tests_single_shard.log 560 env MOE_TEST_SHARD=${SHARD:-1/2} python3 -m pytest -q -m gpu -rA \
   tests/gpu/test_nvshmem_single.py
 grep -E "passed|failed|error" "$raw/tests_single_shard.log" | tail -3
