@@ -4,6 +4,8 @@
 # branch against main): the padded partials send's slices sized by the call's live items (at 1 token
 # 28, one pass of chunks a lane, where S = 16 made two), a warp's items' slot words in one load.
 # Run 55 call 1: the 16 sending warps each ran ~830 instructions, two passes of ~300 among them.
+# Where .devso lacks pad46: `git apply results/gpu/2026-12-07-run56/call1/round90.patch`,
+# `scripts/build_device_extension.sh pad46`, `git checkout csrc`, `gzip -kf .devso/pad46.so`.
 # Predicted: combine_padded ~0.5 us less at 1-32 tokens, 128 within 0.2 (S unchanged there).
 # The padded tests on pad46 (world size 1, EP2 with both ranks on the GPU), then the decode bench
 # cold at 1 / 8 / 16 / 32 / 64 / 128 tokens, main before and after.
