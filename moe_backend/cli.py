@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how --warm-inputs touches the inputs (implies it): read each once (clean in L2, the "
                         "default) or rewrite each in place, bits unchanged (dirty, as the kernel that made it); "
                         "scratch: the control, a buffer of each input's size read instead (the inputs stay cold); "
-                        "launch: the same kernels reading 16 bytes each (the inputs stay cold)")
+                        f"launch: the same kernels reading {benchmod.LAUNCH_CONTROL_BYTES} bytes each "
+                        "(the inputs stay cold)")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")
     b.add_argument("--sms", type=positive_int, nargs="+", metavar="N",

@@ -56,9 +56,9 @@ def _num(text: str) -> float:
 def read_launches(path: Path) -> tuple[list[str], list[list[list[str]]]]:
     """(header, each launch's rows) of the export: an export of several launches repeats a
     kernel-name line and the header before each launch's rows. The device machine's ncu
-    (`--page source --csv`) prints each launch's table twice in a row (run 55 call 1: 40 tables for 20 launches, in
-    identical pairs), so a table the same as the one before it is the same launch again: dropped
-    (two launches' stall samples are never all equal)."""
+    (`--page source --csv`) prints each launch's table twice in a row (run 55 call 1: 40 tables
+    for 20 launches, in identical pairs), so a table the same as the one before it is that launch
+    again and is dropped (two launches' sampled counts are not all equal)."""
     with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
         rows = list(csv.reader(f))
     starts = [i for i, r in enumerate(rows) if "Address" in r and "Instructions Executed" in r]
