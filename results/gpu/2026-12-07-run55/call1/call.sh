@@ -7,8 +7,9 @@
 # sampling every 32 cycles (`--warp-sampling-interval 0`), 20 launches of each kernel, caches and clocks
 # left as they are; the source page (SASS, samples per reason and instruction) of every launch as CSV, summed by
 # `scripts/ncu_groups.py --launches` (stall_no_inst against stall_long_sb: code against loads).
+# Session 62: BUILD (default pad45, as run) profiles another carried build (1am's pad46 after it).
 set -u
-source scripts/gpu_call.sh pad45
+source scripts/gpu_call.sh ${BUILD:-pad45}
 for k in pad_dispatch_kernel pad_combine_partials_kernel; do
   step "ncu $k" ncu_$k.log 200 ncu --section SourceCounters --section WarpStateStats --warp-sampling-interval 0 \
     --import-source yes --cache-control none --clock-control none -k regex:$k --launch-skip 4 --launch-count 20 \
