@@ -13,6 +13,8 @@
 #   decode_bench_ws1 BUILD [TAG [ARG...]]   a step: DeepSeek decode at world size 1 on BUILD, the
 #         contiguous ops through their cross-rank path (SELF_SEND=1), with the bench's ARGs (e.g.
 #         --num-tokens 1 8 32), into $raw/decode_ws1_BUILDTAG.json.
+#   decode_ab_ws1 "NAME:TAG ..." [ARG...]   decode_bench_ws1 NAME TAG ARG... for each build in the
+#         list, in order (an A/B: main before and after, e.g. "pad45:a pad46: pad45:b").
 #   padded_tests NAME   two steps on the build in place: the padded tests at world size 1, then at
 #         EP2 with both ranks on the one GPU (8 cases), logs tests_padded_{single,shared}_NAME.log.
 for f in .devso/*.so.gz; do [ -e "$f" ] && gunzip -f "$f"; done
@@ -44,6 +46,13 @@ decode_bench_ws1() {
   step "decode bench ws1 $name" "bench_$name.log" 60 env ${N}_SELF_SEND=1 python3 -m moe_backend.cli bench \
     --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 "$@" --out "$raw/decode_ws1_$name.json"
   grep -E "^nvshmem" "$raw/bench_$name.log"
+}
+decode_ab_ws1() {
+  local b builds=$1
+  shift
+  for b in $builds; do
+    decode_bench_ws1 "${b%%:*}" "${b#*:}" "$@"
+  done
 }
 padded_tests() {
   step "padded one GPU $1" "tests_padded_single_$1.log" 150 python3 -m pytest -q -m gpu -rA \

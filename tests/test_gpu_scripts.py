@@ -171,10 +171,10 @@ def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
     assert [f.name for f in out.iterdir()] == ["call.tgz"]  # the logs themselves stay off $OUT
 
 
-def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
-    """`use_build NAME` hands NAME to gpu_devso.sh (which puts .devso/NAME.so in place);
-    `decode_bench_ws1 BUILD TAG` does so and runs the world-size-1 decode bench as a step, its
-    log and JSON named BUILDTAG, the contiguous ops through their cross-rank path."""
+def _run_call(tmp_path: Path, fake_python: str, script: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """`script` (sourcing scripts/gpu_call.sh) in a repository of the call's scripts, the device
+    setup stubbed out, gpu_devso.sh recording each build it is handed in devso.txt, and python3
+    the fake `fake_python` (a bash body). Returns (repo, OUT, the finished run)."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     (repo / "scripts").mkdir(parents=True)
     out.mkdir()
@@ -182,13 +182,22 @@ def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
     (repo / "scripts" / "gpu_env.sh").write_text("true\n")
     (repo / "scripts" / "gpu_devso.sh").write_text('echo "devso $MOE_BACKEND_DEVSO" >> devso.txt\n')
     (repo / "bin").mkdir()
-    fake = repo / "bin" / "python3"  # records the bench's arguments and environment
-    fake.write_text('#!/bin/bash\necho "nvshmem $MOE_BACKEND_DEVSO SELF_SEND=$MOE_BACKEND_NVSHMEM_SELF_SEND $*"\n')
+    fake = repo / "bin" / "python3"
+    fake.write_text("#!/bin/bash\n" + fake_python + "\n")
     fake.chmod(0o755)
-    script = "set -u; source scripts/gpu_call.sh a; use_build b; decode_bench_ws1 c x\n"
     done = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
     assert done.returncode == 0, done
+    return repo, out, done
+
+
+def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
+    """`use_build NAME` hands NAME to gpu_devso.sh (which puts .devso/NAME.so in place);
+    `decode_bench_ws1 BUILD TAG` does so and runs the world-size-1 decode bench as a step, its
+    log and JSON named BUILDTAG, the contiguous ops through their cross-rank path."""
+    repo, out, done = _run_call(  # the fake records the bench's arguments and environment
+        tmp_path, 'echo "nvshmem $MOE_BACKEND_DEVSO SELF_SEND=$MOE_BACKEND_NVSHMEM_SELF_SEND $*"',
+        "set -u; source scripts/gpu_call.sh a; use_build b; decode_bench_ws1 c x\n")
     assert (repo / "devso.txt").read_text().splitlines() == ["devso b", "devso c"]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("decode bench ws1 cx rc 0 at "), lines
@@ -199,22 +208,24 @@ def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
     assert "nvshmem c SELF_SEND=1" in _packed(out, "bench_cx.log")
 
 
+def test_gpu_call_ab_benches_each_build_in_order(tmp_path: Path) -> None:
+    """`decode_ab_ws1 "NAME:TAG ..." ARG...`: decode_bench_ws1 NAME TAG ARG... for each listed build
+    in order, an empty tag naming the build alone."""
+    repo, out, done = _run_call(tmp_path, 'echo "nvshmem $MOE_BACKEND_DEVSO $*"',
+                                'set -u; source scripts/gpu_call.sh m; decode_ab_ws1 "m:a n: m:b" --num-tokens 1 8\n')
+    assert (repo / "devso.txt").read_text().splitlines() == ["devso m", "devso n", "devso m"]
+    steps = [line.split(" rc ")[0] for line in done.stdout.splitlines() if " rc 0 at " in line]
+    assert steps == ["decode bench ws1 ma", "decode bench ws1 n", "decode bench ws1 mb"], done.stdout
+    for tag in ("ma", "n", "mb"):
+        assert "--num-tokens 1 8 --out" in _packed(out, f"bench_{tag}.log")
+
+
 def test_gpu_call_runs_the_padded_tests_on_one_gpu_and_shared_ep2(tmp_path: Path) -> None:
     """`padded_tests NAME`: two steps on the build in place, the one-GPU file's padded tests and
     the EP2 file's with both ranks on the GPU, each logged under NAME."""
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    (repo / "scripts").mkdir(parents=True)
-    out.mkdir()
-    (repo / "scripts" / "gpu_call.sh").write_text((ROOT / "scripts" / "gpu_call.sh").read_text())
-    (repo / "scripts" / "gpu_env.sh").write_text("true\n")
-    (repo / "bin").mkdir()
-    fake = repo / "bin" / "python3"  # records pytest's arguments and the shared-GPU switches
-    fake.write_text('#!/bin/bash\necho "1 passed shared=${MOE_TEST_SHARED_GPU:-} world=${MOE_TEST_WORLD:-} $*"\n')
-    fake.chmod(0o755)
-    done = subprocess.run(["bash", "-c", "set -u; source scripts/gpu_call.sh a; padded_tests p\n"], cwd=repo,
-                          capture_output=True, text=True, timeout=60,
-                          env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
-    assert done.returncode == 0, done
+    _, out, done = _run_call(  # the fake records pytest's arguments and the shared-GPU switches
+        tmp_path, 'echo "1 passed shared=${MOE_TEST_SHARED_GPU:-} world=${MOE_TEST_WORLD:-} $*"',
+        "set -u; source scripts/gpu_call.sh a; padded_tests p\n")
     single, shared = _packed(out, "tests_padded_single_p.log"), _packed(out, "tests_padded_shared_p.log")
     assert "shared= world=" in single and single.rstrip().endswith("tests/gpu/test_nvshmem_single.py -k padded")
     assert "shared=1 world=2" in shared and shared.rstrip().endswith("tests/gpu/test_nvshmem.py -k padded")

@@ -14,6 +14,4 @@
 set -u
 source scripts/gpu_call.sh pad38
 padded_tests pad38
-for b in pad32:a pad38: pad32:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 16 32 128
-done
+decode_ab_ws1 "pad32:a pad38: pad32:b" --num-tokens 1 8 16 32 128

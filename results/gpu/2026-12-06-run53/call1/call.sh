@@ -11,6 +11,4 @@
 set -u
 source scripts/gpu_call.sh pad39
 padded_tests pad39
-for b in pad32:a pad39: pad40: pad32:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 16 32 128
-done
+decode_ab_ws1 "pad32:a pad39: pad40: pad32:b" --num-tokens 1 8 16 32 128

@@ -11,6 +11,4 @@
 set -u
 source scripts/gpu_call.sh pad42
 padded_tests pad42
-for b in pad39:a pad41: pad42: pad39:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 32 128
-done
+decode_ab_ws1 "pad39:a pad41: pad42: pad39:b" --num-tokens 1 8 32 128

@@ -8,6 +8,4 @@
 # 8-token call slow cold as well: 8.4-8.6 us), within 0.2 at 128; the other ops unchanged.
 set -u
 source scripts/gpu_call.sh pad39
-for b in pad32:a pad39: pad32:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 16 32 128
-done
+decode_ab_ws1 "pad32:a pad39: pad32:b" --num-tokens 1 8 16 32 128

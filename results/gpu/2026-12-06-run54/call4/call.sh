@@ -10,9 +10,7 @@
 set -u
 source scripts/gpu_call.sh pad44
 padded_tests pad44
-for b in pad39:a pad43: pad44: pad39:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 32 128
-done
+decode_ab_ws1 "pad39:a pad43: pad44: pad39:b" --num-tokens 1 8 32 128
 for b in pad39 pad44; do
   decode_bench_ws1 "$b" w --num-tokens 1 8 32 128 --warm-by=write
 done

@@ -5,9 +5,5 @@
 # rounds 87 + 88, main (`pad45`) before and after, the decode bench at 1 / 8 / 32 / 128 tokens.
 set -u
 source scripts/gpu_call.sh pad45
-i=0
-for b in pad45 pad41 pad42 pad45; do
-  i=$((i + 1))
-  decode_bench_ws1 $b _$i --num-tokens 1 8 32 128
-done
+decode_ab_ws1 "pad45:_1 pad41:_2 pad42:_3 pad45:_4" --num-tokens 1 8 32 128
 pack

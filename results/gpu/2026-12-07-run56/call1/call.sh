@@ -18,6 +18,4 @@ source scripts/gpu_call.sh pad46
 padded_tests pad46
 use_build pad47
 padded_tests pad47
-for b in pad45:a pad46: pad47: pad45:b; do
-  decode_bench_ws1 "${b%%:*}" "${b#*:}" --num-tokens 1 8 16 32 64 128
-done
+decode_ab_ws1 "pad45:a pad46: pad47: pad45:b" --num-tokens 1 8 16 32 64 128
