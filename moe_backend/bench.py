@@ -140,9 +140,9 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     would. The touches go before the sleep, not after it: the op then follows the sleep (and
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
-    kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; "launch"
-    asks whether the kernels do or the memory they sweep. Open,
-    docs/PERF_NOTES.md, "The warm penalty".)"""
+    kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
+    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open,
+    docs/PERF_NOTES.md, "Run 56".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             touch(t, warm)
