@@ -108,14 +108,19 @@ def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
     return _scratch[key]
 
 
-# `--warm-by launch` reads this many bytes a touch: the touching kernels run, next to nothing swept.
+# `--warm-by launch` / `fill` touch this many bytes a call: the touching kernels run, next to nothing swept.
 LAUNCH_CONTROL_BYTES = 16
-CONTROLS = ("scratch", "launch")  # the warm modes that leave the inputs cold
+CONTROLS = ("scratch", "launch", "fill")  # the warm modes that leave the inputs cold
 
 
 def control_read(device: torch.device, nbytes: int, mode: str) -> None:
     """A control's touch of an input of nbytes: "scratch" reads a scratch buffer of that size,
-    "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept)."""
+    "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept), "fill"
+    fills one of LAUNCH_CONTROL_BYTES with ones, its bits unchanged (an elementwise kernel: no
+    reduction, no output tensor from the caching allocator)."""
+    if mode == "fill":
+        scratch_bytes(device, LAUNCH_CONTROL_BYTES).fill_(1)
+        return
     scratch_bytes(device, nbytes if mode == "scratch" else LAUNCH_CONTROL_BYTES).amax()
 
 
@@ -123,7 +128,7 @@ def touch(t: torch.Tensor, mode: str) -> None:
     """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
     bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would;
     "scratch" reads a buffer of its size instead (the read's kernel, the input left cold), "launch"
-    one of LAUNCH_CONTROL_BYTES (`control_read`)."""
+    one of LAUNCH_CONTROL_BYTES, "fill" fills one (`control_read`)."""
     if mode in CONTROLS:
         control_read(t.device, t.numel() * t.element_size(), mode)
     elif mode == "write" and t.is_contiguous():
@@ -135,13 +140,14 @@ def touch(t: torch.Tensor, mode: str) -> None:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (BenchConfig.warm_mode(): "read", "write" or the controls "scratch" and "launch"; "" cold): the call's `inputs`
+    (BenchConfig.warm_mode(): "read", "write" or the controls "scratch", "launch", "fill"; "" cold): the call's `inputs`
     each touched once first (`touch`), so the call finds them in L2 and the TLBs as a model's step
     would. The touches go before the sleep, not after it: the op then follows the sleep (and
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
     kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
-    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open,
+    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open ("fill"
+    asks whether any kernel does or the reduction's),
     docs/PERF_NOTES.md, "Run 56".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
@@ -563,7 +569,8 @@ def _warm_note(bench: dict[str, Any]) -> str:
         return ""
     how = {"read": "; inputs warm", "write": "; inputs warm (rewritten)",
            "scratch": "; control: a scratch buffer of each input's size read before each call, inputs cold",
-           "launch": f"; control: {LAUNCH_CONTROL_BYTES} bytes read for each input before each call, inputs cold"}
+           "launch": f"; control: {LAUNCH_CONTROL_BYTES} bytes read for each input before each call, inputs cold",
+           "fill": f"; control: {LAUNCH_CONTROL_BYTES} bytes filled for each input before each call, inputs cold"}
     return how[bench.get("warm_by", "read")]
 
 

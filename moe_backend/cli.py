@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how --warm-inputs touches the inputs (implies it): read each once (clean in L2, the "
                         "default) or rewrite each in place, bits unchanged (dirty, as the kernel that made it); "
                         "scratch: the control, a buffer of each input's size read instead (the inputs stay cold); "
-                        f"launch: the same kernels reading {benchmod.LAUNCH_CONTROL_BYTES} bytes each "
+                        f"launch: the same kernels reading {benchmod.LAUNCH_CONTROL_BYTES} bytes each; "
+                        f"fill: as many kernels filling {benchmod.LAUNCH_CONTROL_BYTES} bytes each, no reduction "
                         "(the inputs stay cold)")
     b.add_argument("--out", help="write the results as JSON here")
     b.add_argument("--plot", help="write a PNG of latency against tokens per rank here")

@@ -53,7 +53,7 @@ class CommConfig:
         )
 
 
-WARM_BY = ("read", "write", "scratch", "launch")
+WARM_BY = ("read", "write", "scratch", "launch", "fill")
 
 
 @dataclasses.dataclass
@@ -78,12 +78,14 @@ class BenchConfig:
     # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them);
     # "scratch" is the control: a scratch buffer of each input's size read instead, so the same
     # kernels run before the barrier and the inputs stay cold; "launch" the same kernels reading
-    # LAUNCH_CONTROL_BYTES each (the kernels with next to nothing swept).
+    # LAUNCH_CONTROL_BYTES each (the kernels with next to nothing swept); "fill" as many kernels
+    # filling LAUNCH_CONTROL_BYTES each (no reduction: no output tensor from the allocator).
     warm_by: str = "read"
 
     def warm_mode(self) -> str:
-        """'' (cold), 'read', 'write', 'scratch' or 'launch': what `bench.barrier` does before a call. warm_by
-        (always set: "read" by default) says how, only where warm_inputs is on."""
+        """'' (cold), 'read', 'write' or a control ('scratch', 'launch', 'fill'): what `bench.barrier`
+        does before a call. warm_by (always set: "read" by default) says how, only where warm_inputs
+        is on."""
         return self.warm_by if self.warm_inputs else ""
 
     def apply_warm_flags(self, warm_inputs: bool, warm_by: str | None) -> None:
