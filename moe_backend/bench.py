@@ -85,12 +85,12 @@ def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor, mode: str) -
     row of `y [L, G * M, hidden]` read and written back in place (plus zero), as the expert GEMM
     leaves them: in L2, dirty. Gathering them instead would add a second copy's dirty lines for the
     combine's stores to evict (the whole `y` is hundreds of MB at decode sizes, past
-    WARM_MAX_BYTES). The controls read a scratch buffer instead (`control_read`)."""
+    WARM_MAX_BYTES). The controls touch a scratch buffer instead (`control_touch`)."""
     if not mode:
         return
     flat = y.view(-1, y.shape[-1])
     if mode in CONTROLS:  # the rows' bytes alone: no index to build
-        control_read(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size(), mode)
+        control_touch(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size(), mode)
         return
     idx = padded_filled_index(counts.to(y.device), y.shape[1] // counts.shape[1])
     flat.index_add_(0, idx, flat.new_zeros(1, flat.shape[1]).expand(idx.numel(), -1))
@@ -113,7 +113,7 @@ LAUNCH_CONTROL_BYTES = 16
 CONTROLS = ("scratch", "launch", "fill")  # the warm modes that leave the inputs cold
 
 
-def control_read(device: torch.device, nbytes: int, mode: str) -> None:
+def control_touch(device: torch.device, nbytes: int, mode: str) -> None:
     """A control's touch of an input of nbytes: "scratch" reads a scratch buffer of that size,
     "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept), "fill"
     fills one of LAUNCH_CONTROL_BYTES with ones, its bits unchanged (an elementwise kernel: no
@@ -128,9 +128,9 @@ def touch(t: torch.Tensor, mode: str) -> None:
     """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
     bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would;
     "scratch" reads a buffer of its size instead (the read's kernel, the input left cold), "launch"
-    one of LAUNCH_CONTROL_BYTES, "fill" fills one (`control_read`)."""
+    one of LAUNCH_CONTROL_BYTES, "fill" fills one (`control_touch`)."""
     if mode in CONTROLS:
-        control_read(t.device, t.numel() * t.element_size(), mode)
+        control_touch(t.device, t.numel() * t.element_size(), mode)
     elif mode == "write" and t.is_contiguous():
         t.view(-1).view(torch.uint8).bitwise_or_(0)
     else:  # a strided input (none of the bench's) is read through a contiguous copy
@@ -146,9 +146,8 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
     kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
-    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open ("fill"
-    asks whether any kernel does or the reduction's),
-    docs/PERF_NOTES.md, "Run 56".)"""
+    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open; "fill"
+    asks whether any kernel or only the reduction: docs/PERF_NOTES.md, "Run 56".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             touch(t, warm)
