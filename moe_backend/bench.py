@@ -101,7 +101,7 @@ _scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
     """A bytes buffer of nbytes (at least one) on device, made once per size: what the controls
-    (`--warm-by scratch` / `launch`) read instead of an input."""
+    (`--warm-by scratch` / `launch` / `fill`) touch instead of an input."""
     key = (device, max(nbytes, 1))
     if key not in _scratch:
         _scratch[key] = torch.ones(key[1], dtype=torch.uint8, device=device)

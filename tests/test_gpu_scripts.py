@@ -4,6 +4,7 @@ device work, with exit status 2 and a message naming what is wrong."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,47 +135,12 @@ def _packed(out: Path, name: str) -> str:
         return member.read().decode()
 
 
-def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
-    """A prepared call's preamble (scripts/gpu_call.sh): the carried build unpacked and named, the
-    commit recorded, and each step's log written, its exit status and test summary printed and
-    packed, a failing or timed-out step not ending the call."""
-    import gzip
-    import tarfile
-
-    repo, out = tmp_path / "repo", tmp_path / "out"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / ".devso").mkdir()
-    out.mkdir()
-    (repo / "scripts" / "gpu_call.sh").write_text((ROOT / "scripts" / "gpu_call.sh").read_text())
-    (repo / "scripts" / "gpu_env.sh").write_text("echo env sourced\n")  # the device setup, not under test
-    with gzip.open(repo / ".devso" / "b.so.gz", "wt") as f:
-        f.write("carried")
-    (repo / ".commit").write_text("abc1234\n")
-    script = (
-        'set -u; source scripts/gpu_call.sh b; echo "DEVSO=$MOE_BACKEND_DEVSO COMMIT=$MOE_BACKEND_COMMIT N=$N"\n'
-        'step good good.log 20 bash -c "echo 3 passed in 1.0s"\n'
-        'step bad bad.log 20 bash -c "echo 1 failed, 2 passed; exit 3"\n'
-        "step slow slow.log 1 sleep 10\n"
-        "echo after\n"
-    )
-    done = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "OUT": str(out)})
-    assert done.returncode == 0, done
-    lines = done.stdout.splitlines()
-    assert lines[0] == "DEVSO=b COMMIT=abc1234 N=MOE_BACKEND_NVSHMEM", lines
-    assert lines[1].startswith("good rc 0 at ") and lines[2] == "3 passed in 1.0s", lines
-    assert lines[3].startswith("bad rc 3 at ") and lines[4] == "1 failed, 2 passed", lines
-    assert lines[5].startswith("slow rc 124 at ") and lines[6] == "after", lines
-    assert (repo / ".devso" / "b.so").read_text() == "carried"
-    with tarfile.open(out / "call.tgz") as tar:
-        assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]
-    assert [f.name for f in out.iterdir()] == ["call.tgz"]  # the logs themselves stay off $OUT
-
-
-def _run_call(tmp_path: Path, fake_python: str, script: str) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def _run_call(tmp_path: Path, fake_python: str, script: str,
+              prepare: Callable[[Path], None] = lambda repo: None) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """`script` (sourcing scripts/gpu_call.sh) in a repository of the call's scripts, the device
     setup stubbed out, gpu_devso.sh recording each build it is handed in devso.txt, and python3
-    the fake `fake_python` (a bash body). Returns (repo, OUT, the finished run)."""
+    the fake `fake_python` (a bash body); `prepare(repo)` adds what the call is carried before it
+    runs. Returns (repo, OUT, the finished run)."""
     repo, out = tmp_path / "repo", tmp_path / "out"
     (repo / "scripts").mkdir(parents=True)
     out.mkdir()
@@ -185,10 +151,43 @@ def _run_call(tmp_path: Path, fake_python: str, script: str) -> tuple[Path, Path
     fake = repo / "bin" / "python3"
     fake.write_text("#!/bin/bash\n" + fake_python + "\n")
     fake.chmod(0o755)
+    prepare(repo)
     done = subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, timeout=60,
                           env={"PATH": f"{repo / 'bin'}:/usr/bin:/bin", "OUT": str(out)})
     assert done.returncode == 0, done
     return repo, out, done
+
+
+def test_gpu_call_steps_report_and_pack_each_result(tmp_path: Path) -> None:
+    """A prepared call's preamble (scripts/gpu_call.sh): the carried build unpacked and named, the
+    commit recorded, and each step's log written, its exit status and test summary printed and
+    packed, a failing or timed-out step not ending the call."""
+    import gzip
+    import tarfile
+
+    def carry(repo: Path) -> None:  # a gzipped build and the commit, as the device tool carries them
+        (repo / ".devso").mkdir()
+        with gzip.open(repo / ".devso" / "b.so.gz", "wt") as f:
+            f.write("carried")
+        (repo / ".commit").write_text("abc1234\n")
+
+    script = (
+        'set -u; source scripts/gpu_call.sh b; echo "DEVSO=$MOE_BACKEND_DEVSO COMMIT=$MOE_BACKEND_COMMIT N=$N"\n'
+        'step good good.log 20 bash -c "echo 3 passed in 1.0s"\n'
+        'step bad bad.log 20 bash -c "echo 1 failed, 2 passed; exit 3"\n'
+        "step slow slow.log 1 sleep 10\n"
+        "echo after\n"
+    )
+    repo, out, done = _run_call(tmp_path, "exit 1", script, carry)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "DEVSO=b COMMIT=abc1234 N=MOE_BACKEND_NVSHMEM", lines
+    assert lines[1].startswith("good rc 0 at ") and lines[2] == "3 passed in 1.0s", lines
+    assert lines[3].startswith("bad rc 3 at ") and lines[4] == "1 failed, 2 passed", lines
+    assert lines[5].startswith("slow rc 124 at ") and lines[6] == "after", lines
+    assert (repo / ".devso" / "b.so").read_text() == "carried"
+    with tarfile.open(out / "call.tgz") as tar:
+        assert sorted(n for n in tar.getnames() if n.endswith(".log")) == ["./bad.log", "./good.log", "./slow.log"]
+    assert [f.name for f in out.iterdir()] == ["call.tgz"]  # the logs themselves stay off $OUT
 
 
 def test_gpu_call_switches_builds_and_benches_one(tmp_path: Path) -> None:
