@@ -14,9 +14,15 @@ the send kernel on its own stream, the row's bf16 matmul (`bench.OVERLAP_MATMUL_
 whether the communication kernels launched with the send run beside the matmul or wait for its
 blocks to drain. The nvshmem switches come from the environment (read when an arena is made).
 
+`--whole` profiles the whole ops (`dispatch`, `combine`) in place of the split send and receive;
+`--warm-by MODE` touches each op's inputs before the barrier as `moe-backend bench --warm-inputs
+--warm-by MODE` does (default: cold): where the whole ops' warm penalty shows, the op's first
+kernel starting later after the barrier, or running longer.
+
 Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
 
     python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING] [--world-size N] [--overlap N...]
+        [--whole] [--warm-by MODE]
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def _last_round(acts: list[dict]) -> list[str]:
     return lines
 
 
-def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul: bool, rank: int) -> list[str]:
+def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul: bool, rank: int,
+                  whole: bool, warm: str) -> list[str]:
     import dataclasses
 
     import torch
@@ -95,13 +102,19 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul
     a = torch.randn(dim, dim, device=dev).to(torch.bfloat16) if matmul else None  # the overlap row's matmul
 
     def one_round() -> None:
-        bench.barrier(dev, flag)
-        receiver = comm.dispatch_send(x, ids, None, scale)
-        if a is not None:
-            torch.mm(a, a)
-        res = receiver.recv()
-        bench.barrier(dev, flag)
-        comm.combine_send(y, res.handle).recv()
+        bench.barrier(dev, flag, (x, ids, scale), warm)
+        if whole:
+            res = comm.dispatch(x, ids, None, scale)
+        else:
+            receiver = comm.dispatch_send(x, ids, None, scale)
+            if a is not None:
+                torch.mm(a, a)
+            res = receiver.recv()
+        bench.barrier(dev, flag, (y,), warm)
+        if whole:
+            comm.combine(y, res.handle)
+        else:
+            comm.combine_send(y, res.handle).recv()
 
     for _ in range(20):
         one_round()
@@ -124,16 +137,17 @@ def select_cases(only: str, overlap_tokens: list[int]) -> list[tuple[str, int, s
     return [case for case in cases if only in case[0]]
 
 
-def _worker(out_dir: str, only: str, overlap_tokens: list[int]) -> None:
+def _worker(out_dir: str, only: str, overlap_tokens: list[int], whole: bool, warm: str) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
     text: list[str] = []
+    how = f", {'whole ops' if whole else 'split'}, {'warm by ' + warm if warm else 'cold'}"
     for preset_name, n, transport, overlap, matmul in select_cases(only, overlap_tokens):
         between = ", a matmul between send and receive" if matmul else ""
-        text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}{between}")
+        text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}{between}{how}")
         try:
-            text += _profile_case(preset_name, n, transport, overlap, matmul, rank)
+            text += _profile_case(preset_name, n, transport, overlap, matmul, rank, whole, warm)
         except Exception:
             text.append(traceback.format_exc(limit=6))
         dist.barrier()
@@ -146,6 +160,7 @@ def _worker(out_dir: str, only: str, overlap_tokens: list[int]) -> None:
 def main() -> None:
     import argparse
 
+    from moe_backend.config import WARM_BY
     from moe_backend.launch import spawn
 
     ap = argparse.ArgumentParser(description="GPU timeline of one dispatch + combine round (torch.profiler)")
@@ -154,9 +169,15 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2, help="local GPUs, one process each (1: no link)")
     ap.add_argument("--overlap", type=int, nargs="+", default=[], metavar="N",
                     help="profile the overlap row (send stream, matmul between) at these tokens/rank instead")
+    ap.add_argument("--whole", action="store_true", help="the whole ops (dispatch, combine), not send + receive")
+    ap.add_argument("--warm-by", choices=WARM_BY, default="",
+                    help="touch each op's inputs before the barrier this way, as bench --warm-by (default: cold)")
     args = ap.parse_args()
+    if args.whole and args.overlap:
+        ap.error("--whole and --overlap exclude each other (the overlap row splits send and receive)")
     os.makedirs(args.out_dir, exist_ok=True)
-    spawn(_worker, args.world_size, args.out_dir, args.only, args.overlap, dist_backend="nccl", timeout=300)
+    spawn(_worker, args.world_size, args.out_dir, args.only, args.overlap, args.whole, args.warm_by,
+          dist_backend="nccl", timeout=300)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ device work, with exit status 2 and a message naming what is wrong."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -246,6 +247,16 @@ def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
     assert plain == module.CASES and not any(case[4] for case in plain)
     assert {case[0] for case in module.select_cases("prefill", [])} == {"deepseek-prefill"}
     assert module.select_cases("prefill", [64]) == []
+
+
+def test_profile_timeline_refuses_whole_with_overlap_and_unknown_warm_modes() -> None:
+    """`--whole` cannot profile the overlap row (it splits send and receive) and `--warm-by` takes
+    the bench's modes only: each refused before any process starts, with the reason."""
+    script = str(ROOT / "scripts" / "profile_timeline.py")
+    both = subprocess.run([sys.executable, script, "out", "--whole", "--overlap", "64"], capture_output=True, text=True)
+    assert both.returncode == 2 and "--whole and --overlap exclude each other" in both.stderr
+    bad = subprocess.run([sys.executable, script, "out", "--warm-by", "hot"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice: 'hot'" in bad.stderr
 
 
 def test_kernel_timeline_names_the_stamps_in_enum_order() -> None:
