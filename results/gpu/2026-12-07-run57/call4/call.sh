@@ -13,3 +13,14 @@ for mode in cold read launch fill; do
   step "timeline $mode" "timeline_$mode.log" 120 env ${N}_SELF_SEND=1 python3 scripts/profile_timeline.py \
     "$raw/timeline_$mode" decode --world-size 1 --whole $flag
 done
+# The small whole combine forks a side stream for its receive (event record and wait, a join after);
+# the padded ops, which do not pay, are one launch. WHOLE_COMBINE=1 puts every whole combine's
+# receive behind its send by PDL on the caller's stream (round 36: as fast cold): the decode bench
+# cold and `--warm-by launch` with it. The penalty gone from the combine -> the fork and join pay it.
+for mode in cold launch; do
+  flag=$(case $mode in cold) ;; *) echo --warm-by=$mode ;; esac)
+  step "decode bench pdl $mode" "bench_pdl_$mode.log" 60 env ${N}_SELF_SEND=1 ${N}_WHOLE_COMBINE=1 python3 -m \
+    moe_backend.cli bench --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 32 \
+    $flag --out "$raw/decode_pdl_$mode.json"
+  grep -E "^nvshmem" "$raw/bench_pdl_$mode.log"
+done
