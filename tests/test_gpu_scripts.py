@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -233,20 +234,51 @@ def test_gpu_call_runs_the_padded_tests_on_one_gpu_and_shared_ep2(tmp_path: Path
     assert [s.split(" rc ")[0] for s in steps] == ["padded one GPU p", "padded shared EP2 p"]
 
 
-def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
-    """`--overlap N...` profiles the overlap row (sweep preset, matmul between send and receive)
-    at those token counts instead of the decode and prefill cases; the preset filter applies."""
+def _load_profile_timeline() -> ModuleType:
+    """scripts/profile_timeline.py as a module (scripts/ is no package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("profile_timeline", ROOT / "scripts" / "profile_timeline.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_timeline_selects_the_overlap_row_or_its_cases() -> None:
+    """`--overlap N...` profiles the overlap row (sweep preset, matmul between send and receive)
+    at those token counts instead of the decode and prefill cases; the preset filter applies."""
+    module = _load_profile_timeline()
     assert module.select_cases("", [64, 128]) == [("deepseek-sweep", 64, "nvlink", "1", True),
                                                   ("deepseek-sweep", 128, "nvlink", "1", True)]
     plain = module.select_cases("", [])
     assert plain == module.CASES and not any(case[4] for case in plain)
     assert {case[0] for case in module.select_cases("prefill", [])} == {"deepseek-prefill"}
     assert module.select_cases("prefill", [64]) == []
+
+
+def test_profile_timeline_times_the_last_round_from_its_barriers() -> None:
+    """The last round's activities, each from the end of its barrier (the all-reduce; at one rank,
+    where NCCL launches none, the sleep): a warm mode's touches before the next sleep stay in the
+    listing, the sleeps do not; a barrier-less trace says so."""
+    module = _load_profile_timeline()
+
+    def act(name: str, ts: float, dur: float, stream: int = 7) -> dict:
+        return {"name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    one_rank = [act("reduce_kernel amax", 0, 2), act("spin_kernel sleep", 10, 500), act("dispatch_fused", 515, 8),
+                act("reduce_kernel amax", 530, 2), act("spin_kernel sleep", 540, 500),
+                act("combine_send", 1045, 6), act("combine_recv", 1046.5, 5, stream=9)]
+    lines = module._last_round(one_rank)
+    assert [line.split()[0] for line in lines] == ["--", "stream", "stream", "--", "stream", "stream"]
+    assert "start      5.0 us  dur      8.0 us  dispatch_fused" in lines[1]
+    assert "start     20.0 us" in lines[2] and lines[2].endswith("reduce_kernel amax")
+    assert lines[5].split()[:4] == ["stream", "9", "start", "6.5"]
+    two_ranks = [act("ncclDevKernel_AllReduce_Sum", 0, 4), act("spin_kernel sleep", 6, 1), act("dispatch", 12, 3),
+                 act("ncclDevKernel_AllReduce_Sum", 20, 4), act("combine", 26, 3)]
+    lines = module._last_round(two_ranks)
+    assert "start      8.0 us" in lines[1] and lines[1].endswith("dispatch") and len(lines) == 4
+    assert "start      2.0 us" in lines[3] and lines[3].endswith("combine")
+    assert module._last_round([act("dispatch", 0, 1)]) == ["(no barrier found in the trace)"]
 
 
 def test_profile_timeline_refuses_whole_with_overlap_and_unknown_warm_modes() -> None:
