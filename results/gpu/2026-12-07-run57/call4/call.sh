@@ -17,10 +17,6 @@ done
 # the padded ops, which do not pay, are one launch. WHOLE_COMBINE=1 puts every whole combine's
 # receive behind its send by PDL on the caller's stream (round 36: as fast cold): the decode bench
 # cold and `--warm-by launch` with it. The penalty gone from the combine -> the fork and join pay it.
-for mode in cold launch; do
-  flag=$(case $mode in cold) ;; *) echo --warm-by=$mode ;; esac)
-  step "decode bench pdl $mode" "bench_pdl_$mode.log" 60 env ${N}_SELF_SEND=1 ${N}_WHOLE_COMBINE=1 python3 -m \
-    moe_backend.cli bench --config deepseek_decode --backend nvshmem --world-size 1 --iters 100 --num-tokens 1 8 32 \
-    $flag --out "$raw/decode_pdl_$mode.json"
-  grep -E "^nvshmem" "$raw/bench_pdl_$mode.log"
-done
+export ${N}_WHOLE_COMBINE=1  # for the steps after this line only
+decode_bench_ws1 pad45 _pdl_cold --num-tokens 1 8 32
+decode_bench_ws1 pad45 _pdl_launch --num-tokens 1 8 32 --warm-by=launch
