@@ -146,8 +146,9 @@ def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Ten
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
     kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
-    memory the touches sweep: "launch" costs it too, run 56. What the kernels leave is open; "fill"
-    asks whether any kernel or only the reduction: docs/PERF_NOTES.md, "Run 56".)"""
+    memory the touches sweep: "launch" costs it too, run 56. "fill" costs the dispatch too, not the
+    combine, and one profiled round shows neither op's kernels later or longer: docs/PERF_NOTES.md,
+    "Run 57".)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             touch(t, warm)

@@ -3,8 +3,8 @@
 
 On 2 GPUs (2 NCCL processes; --world-size N), for each case (preset shape, tokens/rank, transport, overlap),
 the benchmark's own loop (GPU-side barrier: device sleep + one-element all-reduce, then
-dispatch send/recv, barrier, combine send/recv), a few warm-up rounds, then 5 rounds under
-torch.profiler. Rank 0 prints, for the last profiled round, every GPU activity (kernel,
+dispatch send/recv, barrier, combine send/recv), a few warm-up rounds, then 5 rounds (or
+`--rounds N`, if more) under torch.profiler. Rank 0 prints, for the last profiled round, every GPU activity (kernel,
 memcpy, memset) after each barrier's all-reduce: stream, start offset from the end of that
 all-reduce, duration. This shows the launch gaps and which kernel is the critical path,
 which the CUDA-event phase times of `moe-backend bench` cannot.
@@ -17,18 +17,21 @@ blocks to drain. The nvshmem switches come from the environment (read when an ar
 `--whole` profiles the whole ops (`dispatch`, `combine`) in place of the split send and receive;
 `--warm-by MODE` touches each op's inputs before the barrier as `moe-backend bench --warm-inputs
 --warm-by MODE` does (default: cold): where the whole ops' warm penalty shows, the op's first
-kernel starting later after the barrier, or running longer.
+kernel starting later after the barrier, or running longer. `--rounds N` lists each activity's
+median start and length over the last N profiled rounds in place of the last round as it ran: one
+round cannot resolve a difference of a microsecond (run 57's timelines), N = 100 can.
 
 Writes OUT_DIR/timeline.txt (rank 0). Each case runs under its own try/except.
 
     python3 scripts/profile_timeline.py OUT_DIR [PRESET_SUBSTRING] [--world-size N] [--overlap N...]
-        [--whole] [--warm-by MODE]
+        [--whole] [--warm-by MODE] [--rounds N]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import tempfile
 import traceback
@@ -57,28 +60,53 @@ def _gpu_activities(trace_path: str) -> list[dict]:
     return sorted(acts, key=lambda e: e["ts"])
 
 
-def _last_round(acts: list[dict]) -> list[str]:
-    """Activities after the last two barriers' all-reduces (dispatch, then combine)."""
+def _is_sleep(e: dict) -> bool:
+    """The barrier's device sleep (`torch.cuda._sleep`: ATen's spin kernel)."""
+    return "spin" in e["name"].lower() or "sleep" in e["name"].lower()
+
+
+def _sections(acts: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Each barrier's section: (op, the activities from the end of its all-reduce to the next
+    barrier's), oldest first; the last barrier is a round's combine, the one before it its dispatch."""
     ar = [i for i, e in enumerate(acts) if "nccl" in e["name"].lower() and "allreduce" in e["name"].lower()]
     if len(ar) < 2:  # one rank: NCCL may launch nothing; the barrier's sleep kernel marks the rounds
-        ar = [i for i, e in enumerate(acts) if "spin" in e["name"].lower() or "sleep" in e["name"].lower()]
-    if len(ar) < 2:
+        ar = [i for i, e in enumerate(acts) if _is_sleep(e)]
+    ends = ar[1:] + [len(acts)]
+    return [("combine" if (len(ar) - k) % 2 else "dispatch", [acts[i]] + acts[i + 1 : end])
+            for k, (i, end) in enumerate(zip(ar, ends))]
+
+
+def _listing(acts: list[dict], rounds: int = 1) -> list[str]:
+    """The last `rounds` rounds' activities (dispatch, then combine), each from the end of its
+    barrier: one round as it ran, or each activity's median start and length over the rounds
+    (matched by place and name; `n` says in how many it ran where that is fewer)."""
+    sections = _sections(acts)
+    if len(sections) < 2:
         return ["(no barrier found in the trace)"]
+    rounds = min(rounds, len(sections) // 2)
     lines: list[str] = []
-    for label, a, b in (("dispatch", ar[-2], ar[-1]), ("combine", ar[-1], len(acts))):
-        t0 = acts[a]["ts"] + acts[a]["dur"]
-        lines.append(f"  -- {label} (t=0: end of the barrier all-reduce)")
-        for e in acts[a + 1 : b]:
-            if "sleep" in e["name"].lower():
-                continue
-            stream = e.get("args", {}).get("stream", "?")
-            start, dur = e["ts"] - t0, e["dur"]
-            lines.append(f"    stream {stream!s:>4}  start {start:8.1f} us  dur {dur:8.1f} us  {e['name'][:70]}")
+    for first in (-2, -1):
+        chosen = sections[len(sections) + first - 2 * (rounds - 1) :: 2][:rounds]
+        label = chosen[0][0]
+        per_place: dict[tuple[int, str], list[tuple[str, float, float]]] = {}
+        for _, (barrier, *rest) in chosen:
+            t0 = barrier["ts"] + barrier["dur"]
+            kept = [e for e in rest if not _is_sleep(e)]
+            for place, e in enumerate(kept):
+                stream = str(e.get("args", {}).get("stream", "?"))
+                per_place.setdefault((place, e["name"]), []).append((stream, e["ts"] - t0, e["dur"]))
+        how = "" if rounds == 1 else f"; medians of {rounds} rounds"
+        lines.append(f"  -- {label} (t=0: end of the barrier all-reduce{how})")
+        for (_, name), seen in sorted(per_place.items()):
+            start = statistics.median(s for _, s, _ in seen)
+            dur = statistics.median(d for _, _, d in seen)
+            count = f"  n {len(seen)}" if len(seen) < rounds else ""
+            lines.append(f"    stream {seen[-1][0]:>4}  start {start:8.1f} us  dur {dur:8.1f} us  {name[:70]}{count}")
     return lines
 
 
 def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul: bool, rank: int,
-                  whole: bool, warm: str) -> list[str]:
+                  whole: bool, warm: str, rounds: int) -> list[str]:
     import dataclasses
 
     import torch
@@ -120,14 +148,14 @@ def _profile_case(preset_name: str, n: int, transport: str, overlap: str, matmul
         one_round()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(max(5, rounds)):
             one_round()
         torch.cuda.synchronize()
     comm.close()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"trace{rank}.json")
         prof.export_chrome_trace(path)
-        return _last_round(_gpu_activities(path))
+        return _listing(_gpu_activities(path), rounds)
 
 
 def select_cases(only: str, overlap_tokens: list[int]) -> list[tuple[str, int, str, str, bool]]:
@@ -137,7 +165,7 @@ def select_cases(only: str, overlap_tokens: list[int]) -> list[tuple[str, int, s
     return [case for case in cases if only in case[0]]
 
 
-def _worker(out_dir: str, only: str, overlap_tokens: list[int], whole: bool, warm: str) -> None:
+def _worker(out_dir: str, only: str, overlap_tokens: list[int], whole: bool, warm: str, rounds: int) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -147,7 +175,7 @@ def _worker(out_dir: str, only: str, overlap_tokens: list[int], whole: bool, war
         between = ", a matmul between send and receive" if matmul else ""
         text.append(f"== {preset_name} {n} tokens/rank, {transport}, overlap={overlap}{between}{how}")
         try:
-            text += _profile_case(preset_name, n, transport, overlap, matmul, rank, whole, warm)
+            text += _profile_case(preset_name, n, transport, overlap, matmul, rank, whole, warm, rounds)
         except Exception:
             text.append(traceback.format_exc(limit=6))
         dist.barrier()
@@ -172,11 +200,16 @@ def main() -> None:
     ap.add_argument("--whole", action="store_true", help="the whole ops (dispatch, combine), not send + receive")
     ap.add_argument("--warm-by", choices=WARM_BY, default="",
                     help="touch each op's inputs before the barrier this way, as bench --warm-by (default: cold)")
+    ap.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="list each activity's median start and length over the last N profiled rounds "
+                         "(default 1: the last round as it ran)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.whole and args.overlap:
         ap.error("--whole and --overlap exclude each other (the overlap row splits send and receive)")
     os.makedirs(args.out_dir, exist_ok=True)
-    spawn(_worker, args.world_size, args.out_dir, args.only, args.overlap, args.whole, args.warm_by,
+    spawn(_worker, args.world_size, args.out_dir, args.only, args.overlap, args.whole, args.warm_by, args.rounds,
           dist_backend="nccl", timeout=300)
 
 

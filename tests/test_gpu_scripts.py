@@ -268,27 +268,58 @@ def test_profile_timeline_times_the_last_round_from_its_barriers() -> None:
     one_rank = [act("reduce_kernel amax", 0, 2), act("spin_kernel sleep", 10, 500), act("dispatch_fused", 515, 8),
                 act("reduce_kernel amax", 530, 2), act("spin_kernel sleep", 540, 500),
                 act("combine_send", 1045, 6), act("combine_recv", 1046.5, 5, stream=9)]
-    lines = module._last_round(one_rank)
+    lines = module._listing(one_rank)
     assert [line.split()[0] for line in lines] == ["--", "stream", "stream", "--", "stream", "stream"]
     assert "start      5.0 us  dur      8.0 us  dispatch_fused" in lines[1]
     assert "start     20.0 us" in lines[2] and lines[2].endswith("reduce_kernel amax")
     assert lines[5].split()[:4] == ["stream", "9", "start", "6.5"]
     two_ranks = [act("ncclDevKernel_AllReduce_Sum", 0, 4), act("spin_kernel sleep", 6, 1), act("dispatch", 12, 3),
                  act("ncclDevKernel_AllReduce_Sum", 20, 4), act("combine", 26, 3)]
-    lines = module._last_round(two_ranks)
+    lines = module._listing(two_ranks)
     assert "start      8.0 us" in lines[1] and lines[1].endswith("dispatch") and len(lines) == 4
     assert "start      2.0 us" in lines[3] and lines[3].endswith("combine")
-    assert module._last_round([act("dispatch", 0, 1)]) == ["(no barrier found in the trace)"]
+    assert module._listing([act("dispatch", 0, 1)]) == ["(no barrier found in the trace)"]
 
 
-def test_profile_timeline_refuses_whole_with_overlap_and_unknown_warm_modes() -> None:
-    """`--whole` cannot profile the overlap row (it splits send and receive) and `--warm-by` takes
-    the bench's modes only: each refused before any process starts, with the reason."""
+def test_profile_timeline_takes_medians_over_rounds() -> None:
+    """`--rounds N`: each activity's median start and length over the last N rounds, matched by its
+    place in its op's section and its name; one missing from some rounds says in how many it ran;
+    N beyond the profiled rounds takes them all."""
+    module = _load_profile_timeline()
+
+    def act(name: str, ts: float, dur: float) -> dict:
+        return {"name": name, "ts": ts, "dur": dur, "args": {"stream": 7}}
+
+    trace = []
+    # Five rounds 100 us apart; the dispatch starts 1, 2, 3, 4, 9 us after its sleep ends (median 3)
+    # and lasts 5, 6, 7, 8, 9 (median 7); a memset follows it in rounds 2 and 4 only.
+    for k, (delay, length) in enumerate([(1, 5), (2, 6), (3, 7), (4, 8), (9, 9)]):
+        base = 100.0 * k
+        trace += [act("sleep", base, 10), act("dispatch", base + 10 + delay, length)]
+        if k in (1, 3):
+            trace.append(act("Memset", base + 30, 1))
+        trace += [act("sleep", base + 50, 10), act("combine", base + 62, 4 + k)]
+    lines = module._listing(trace, rounds=5)
+    assert lines[0].endswith("medians of 5 rounds)") and lines[3].startswith("  -- combine")
+    assert "start      3.0 us  dur      7.0 us  dispatch" in lines[1] and "  n " not in lines[1]
+    assert lines[2].endswith("Memset  n 2")
+    assert "start      2.0 us  dur      6.0 us  combine" in lines[4]
+    last_two = module._listing(trace, rounds=2)
+    assert "start      6.5 us  dur      8.5 us  dispatch" in last_two[1] and "dur      7.5 us  combine" in last_two[4]
+    assert module._listing(trace, rounds=50)[0].endswith("medians of 5 rounds)")
+    assert "start      9.0 us  dur      9.0 us  dispatch" in module._listing(trace)[1]
+
+
+def test_profile_timeline_refuses_bad_options() -> None:
+    """`--whole` cannot profile the overlap row (it splits send and receive), `--warm-by` takes the
+    bench's modes only, `--rounds` at least one: each refused before any process starts, with the reason."""
     script = str(ROOT / "scripts" / "profile_timeline.py")
     both = subprocess.run([sys.executable, script, "out", "--whole", "--overlap", "64"], capture_output=True, text=True)
     assert both.returncode == 2 and "--whole and --overlap exclude each other" in both.stderr
     bad = subprocess.run([sys.executable, script, "out", "--warm-by", "hot"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice: 'hot'" in bad.stderr
+    none = subprocess.run([sys.executable, script, "out", "--rounds", "0"], capture_output=True, text=True)
+    assert none.returncode == 2 and "--rounds must be at least 1, got 0" in none.stderr
 
 
 def test_kernel_timeline_names_the_stamps_in_enum_order() -> None:
