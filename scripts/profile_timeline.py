@@ -4,10 +4,11 @@
 On 2 GPUs (2 NCCL processes; --world-size N), for each case (preset shape, tokens/rank, transport, overlap),
 the benchmark's own loop (GPU-side barrier: device sleep + one-element all-reduce, then
 dispatch send/recv, barrier, combine send/recv), a few warm-up rounds, then 5 rounds (or
-`--rounds N`, if more) under torch.profiler. Rank 0 prints, for the last profiled round, every GPU activity (kernel,
-memcpy, memset) after each barrier's all-reduce: stream, start offset from the end of that
-all-reduce, duration. This shows the launch gaps and which kernel is the critical path,
-which the CUDA-event phase times of `moe-backend bench` cannot.
+`--rounds N`, if more) under torch.profiler. Rank 0 prints, for the last profiled round (or the
+medians of the last N), every GPU activity (kernel, memcpy, memset) after each barrier's
+all-reduce: stream, start offset from the end of that all-reduce, duration. This shows the launch
+gaps and which kernel is the critical path, which the CUDA-event phase times of `moe-backend bench`
+cannot.
 
 `--overlap N...` profiles the benchmark's overlap row instead (deepseek-sweep at N tokens/rank,
 the send kernel on its own stream, the row's bf16 matmul (`bench.OVERLAP_MATMUL_DIM`) between send and receive):
