@@ -108,18 +108,23 @@ def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
     return _scratch[key]
 
 
-# `--warm-by launch` / `fill` touch this many bytes a call: the touching kernels run, next to nothing swept.
+# `--warm-by launch` / `launch-out` / `fill` touch this many bytes a call: the touching kernels run,
+# next to nothing swept.
 LAUNCH_CONTROL_BYTES = 16
-CONTROLS = ("scratch", "launch", "fill")  # the warm modes that leave the inputs cold
+CONTROLS = ("scratch", "launch", "launch-out", "fill")  # the warm modes that leave the inputs cold
 
 
 def control_touch(device: torch.device, nbytes: int, mode: str) -> None:
     """A control's touch of an input of nbytes: "scratch" reads a scratch buffer of that size,
-    "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept), "fill"
-    fills one of LAUNCH_CONTROL_BYTES with ones, its bits unchanged (an elementwise kernel: no
-    reduction, no output tensor from the caching allocator)."""
+    "launch" one of LAUNCH_CONTROL_BYTES (a reduction kernel still, next to nothing swept),
+    "launch-out" the same reduction into a one-byte output made once (the kernel without an output
+    tensor from the caching allocator), "fill" fills one of LAUNCH_CONTROL_BYTES with ones, its
+    bits unchanged (an elementwise kernel: no reduction, no output tensor from the allocator)."""
     if mode == "fill":
         scratch_bytes(device, LAUNCH_CONTROL_BYTES).fill_(1)
+        return
+    if mode == "launch-out":
+        torch.amax(scratch_bytes(device, LAUNCH_CONTROL_BYTES), dim=0, out=scratch_bytes(device, 1)[0])
         return
     scratch_bytes(device, nbytes if mode == "scratch" else LAUNCH_CONTROL_BYTES).amax()
 
@@ -128,7 +133,8 @@ def touch(t: torch.Tensor, mode: str) -> None:
     """One warm input: "read" reads it once (a reduction); "write" rewrites it in place with its
     bits unchanged (OR of zero), leaving its lines dirty in L2 as the kernel that made it would;
     "scratch" reads a buffer of its size instead (the read's kernel, the input left cold), "launch"
-    one of LAUNCH_CONTROL_BYTES, "fill" fills one (`control_touch`)."""
+    one of LAUNCH_CONTROL_BYTES, "launch-out" that into a given output, "fill" fills one
+    (`control_touch`)."""
     if mode in CONTROLS:
         control_touch(t.device, t.numel() * t.element_size(), mode)
     elif mode == "write" and t.is_contiguous():
@@ -140,15 +146,16 @@ def touch(t: torch.Tensor, mode: str) -> None:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (BenchConfig.warm_mode(): "read", "write" or the controls "scratch", "launch", "fill"; "" cold): the call's `inputs`
-    each touched once first (`touch`), so the call finds them in L2 and the TLBs as a model's step
-    would. The touches go before the sleep, not after it: the op then follows the sleep (and
+    (BenchConfig.warm_mode(): "read", "write" or the controls in CONTROLS; "" cold): the call's
+    `inputs` each touched once first (`touch`), so the call finds them in L2 and the TLBs as a
+    model's step would. The touches go before the sleep, not after it: the op then follows the sleep (and
     all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
     kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
     memory the touches sweep: "launch" costs it too, run 56. "fill" costs the dispatch too, not the
     combine, and one profiled round shows neither op's kernels later or longer: docs/PERF_NOTES.md,
-    "Run 57".)"""
+    "Run 57"; "launch-out" asks whether the reduction's kernel or its output's allocation costs the
+    combine.)"""
     for t in inputs if warm else ():
         if t is not None and 0 < t.numel() * t.element_size() <= WARM_MAX_BYTES:
             touch(t, warm)
@@ -570,6 +577,8 @@ def _warm_note(bench: dict[str, Any]) -> str:
     how = {"read": "; inputs warm", "write": "; inputs warm (rewritten)",
            "scratch": "; control: a scratch buffer of each input's size read before each call, inputs cold",
            "launch": f"; control: {LAUNCH_CONTROL_BYTES} bytes read for each input before each call, inputs cold",
+           "launch-out": f"; control: {LAUNCH_CONTROL_BYTES} bytes read into a given output for each input before "
+                         "each call, inputs cold",
            "fill": f"; control: {LAUNCH_CONTROL_BYTES} bytes filled for each input before each call, inputs cold"}
     return how[bench.get("warm_by", "read")]
 

@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "default) or rewrite each in place, bits unchanged (dirty, as the kernel that made it); "
                         "scratch: the control, a buffer of each input's size read instead (the inputs stay cold); "
                         f"launch: the same kernels reading {benchmod.LAUNCH_CONTROL_BYTES} bytes each; "
+                        "launch-out: those into an output made once (nothing from the allocator); "
                         f"fill: as many kernels filling {benchmod.LAUNCH_CONTROL_BYTES} bytes each, no reduction "
                         "(the inputs stay cold)")
     b.add_argument("--out", help="write the results as JSON here")

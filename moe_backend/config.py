@@ -53,7 +53,7 @@ class CommConfig:
         )
 
 
-WARM_BY = ("read", "write", "scratch", "launch", "fill")
+WARM_BY = ("read", "write", "scratch", "launch", "launch-out", "fill")
 
 
 @dataclasses.dataclass
@@ -78,12 +78,13 @@ class BenchConfig:
     # rewritten in place, its bits unchanged: dirty lines, as the kernel that made it leaves them);
     # "scratch" is the control: a scratch buffer of each input's size read instead, so the same
     # kernels run before the barrier and the inputs stay cold; "launch" the same kernels reading
-    # LAUNCH_CONTROL_BYTES each (the kernels with next to nothing swept); "fill" as many kernels
+    # LAUNCH_CONTROL_BYTES each (the kernels with next to nothing swept); "launch-out" the same
+    # reductions into an output made once (nothing from the allocator); "fill" as many kernels
     # filling LAUNCH_CONTROL_BYTES each (no reduction: no output tensor from the allocator).
     warm_by: str = "read"
 
     def warm_mode(self) -> str:
-        """'' (cold), 'read', 'write' or a control ('scratch', 'launch', 'fill'): what `bench.barrier`
+        """'' (cold), 'read', 'write' or a control ('scratch', 'launch', 'launch-out', 'fill'): what `bench.barrier`
         does before a call. warm_by (always set: "read" by default) says how, only where warm_inputs
         is on."""
         return self.warm_by if self.warm_inputs else ""

@@ -289,16 +289,24 @@ def test_barrier_rewrites_each_input_in_place_when_warm_by_write(monkeypatch) ->
     assert torch.equal(strided, before[1])
 
 
-@pytest.mark.parametrize("warm", ["scratch", "launch", "fill"])
+@pytest.mark.parametrize("warm", ["scratch", "launch", "launch-out", "fill"])
 def test_barrier_reads_a_scratch_buffer_when_warm_by_a_control(monkeypatch, warm: str) -> None:
     """The controls: "scratch" reads a buffer of each input's size, "launch" one of 16 bytes for
-    each input (the same number of reads), "fill" fills one of 16 bytes as often (no read), each
-    made once per size; the input itself neither read nor written."""
+    each input (the same number of reads), "launch-out" as launch into one output made once,
+    "fill" fills one of 16 bytes as often (no read), each made once per size; the input itself
+    neither read nor written."""
     from moe_backend import bench as benchmod
 
-    read, filled = [], []
-    real_amax, real_fill = torch.Tensor.amax, torch.Tensor.fill_
+    read, filled, outs = [], [], []
+    real_amax, real_fill, real_amax_fn = torch.Tensor.amax, torch.Tensor.fill_, torch.amax
     monkeypatch.setattr(torch.Tensor, "amax", lambda t, *a, **k: read.append(t) or real_amax(t, *a, **k))
+
+    def amax_into(t: torch.Tensor, *a, out: torch.Tensor, **k) -> torch.Tensor:
+        read.append(t)
+        outs.append(out)
+        return real_amax_fn(t, *a, out=out, **k)
+
+    monkeypatch.setattr(torch, "amax", amax_into)
     monkeypatch.setattr(torch.Tensor, "fill_", lambda t, v: filled.append(t) or real_fill(t, v))
     monkeypatch.setattr(torch.Tensor, "bitwise_or_", lambda t, *a: pytest.fail("an input was written"))
     x = torch.randn(3, 8).to(torch.bfloat16)
@@ -312,6 +320,11 @@ def test_barrier_reads_a_scratch_buffer_when_warm_by_a_control(monkeypatch, warm
     assert [t.numel() for t in read] == sizes * 2  # the inputs' bytes, or the launch control's
     assert all(t.dtype == torch.uint8 and t.data_ptr() not in (x.data_ptr(), ids.data_ptr()) for t in read)
     assert read[0].data_ptr() == read[2].data_ptr()  # the same buffer each time
+    if warm == "launch-out":  # one given output, the scratch's first bytes untouched by the reads
+        assert len(outs) == 4 and outs[0].dim() == 0 and len({o.data_ptr() for o in outs}) == 1
+        assert outs[0].data_ptr() not in (t.data_ptr() for t in read) and int(outs[0]) == 1
+    else:
+        assert not outs
 
 
 def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
@@ -342,6 +355,7 @@ def test_bench_inputs_are_cold_unless_warm_inputs() -> None:
     ("write", r"inputs warm \(rewritten\)"),
     ("scratch", r"control: a scratch buffer of each input's size read before each call, inputs cold"),
     ("launch", r"control: 16 bytes read for each input before each call, inputs cold"),
+    ("launch-out", r"control: 16 bytes read into a given output for each input before each call, inputs cold"),
     ("fill", r"control: 16 bytes filled for each input before each call, inputs cold"),
 ])
 def test_bench_warm_by_is_recorded(tmp_path: Path, warm_by: str, note: str) -> None:
@@ -396,7 +410,7 @@ def test_padded_filled_rows_are_touched_in_place_and_kept() -> None:
     assert torch.equal(y.view(torch.int16), before.view(torch.int16))  # bit for bit
     # Which rows were written: -0.0 plus zero is +0.0, so exactly the filled rows lose their sign.
     z = torch.full((experts, groups * slots, hidden), -0.0, dtype=torch.bfloat16)
-    for cold in ("", "scratch", "launch", "fill"):  # cold: nothing; the controls: a scratch buffer instead
+    for cold in ("", "scratch", "launch", "launch-out", "fill"):  # cold: nothing; the controls: a scratch buffer
         benchmod.touch_padded_filled_rows(z, counts, cold)
         assert torch.signbit(z).all()
     assert (z.device, len(want) * hidden * 2) in benchmod._scratch  # the filled rows' bytes, read

@@ -4,10 +4,12 @@
 # a reduction before the sleep, the whole combine after the reduction only (+0.5-1.0 us, medians of
 # 100 calls), yet one profiled round showed their kernels starting and lasting within 0.3 us of cold.
 # `--rounds 100` gives each activity's median start (from the barrier's end) and length over 100
-# rounds, cold, launch and fill (SELF_SEND=1), then the decode bench cold and launch in the same call.
-# Reading: a median start or length as much later or longer as the bench's penalty -> the kernels
-# pay it (start: the launch path; length: inside the kernel); both within 0.1 us of cold -> the
-# CUDA-event measure around the op holds it, not the op's kernels.
+# rounds, cold, launch and fill (SELF_SEND=1). Reading: a median start or length as much later or
+# longer as the bench's penalty -> the kernels pay it (start: the launch path; length: inside the
+# kernel); both within 0.1 us of cold -> the CUDA-event measure around the op holds it, not the
+# op's kernels. Then the decode bench cold, launch, `--warm-by launch-out` (launch's reductions into
+# an output made once: nothing from the caching allocator) and fill: launch-out as cold for the
+# combine -> the reduction's allocation costs the combine; as launch -> the reduction's kernel.
 set -u
 source scripts/gpu_call.sh pad45
 for mode in cold launch fill; do
@@ -16,4 +18,6 @@ for mode in cold launch fill; do
     "$raw/timeline_$mode" decode --world-size 1 --whole --rounds 100 $flag
 done
 decode_bench_ws1 pad45 _cold --num-tokens 1 8 32
-decode_bench_ws1 pad45 _launch --num-tokens 1 8 32 --warm-by=launch
+for mode in launch launch-out fill; do
+  decode_bench_ws1 pad45 _$mode --num-tokens 1 8 32 --warm-by=$mode
+done
