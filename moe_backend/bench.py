@@ -27,7 +27,7 @@ import torch.distributed as dist
 from .backends import nvshmem_available
 from .backends.nvshmem_runtime import padded_region_bytes
 from .communicator import Communicator
-from .config import BenchPreset
+from .config import WARM_CONTROLS, BenchPreset
 from .spec import FP8, CommSpec
 
 # The split phases (each call timed on its own), then the whole ops as a user calls them
@@ -89,7 +89,7 @@ def touch_padded_filled_rows(y: torch.Tensor, counts: torch.Tensor, mode: str) -
     if not mode:
         return
     flat = y.view(-1, y.shape[-1])
-    if mode in CONTROLS:  # the rows' bytes alone: no index to build
+    if mode in WARM_CONTROLS:  # the rows' bytes alone: no index to build
         control_touch(y.device, int(counts.sum()) * flat.shape[1] * flat.element_size(), mode)
         return
     idx = padded_filled_index(counts.to(y.device), y.shape[1] // counts.shape[1])
@@ -111,7 +111,6 @@ def scratch_bytes(device: torch.device, nbytes: int) -> torch.Tensor:
 # `--warm-by launch` / `launch-out` / `fill` touch this many bytes a call: the touching kernels run,
 # next to nothing swept.
 LAUNCH_CONTROL_BYTES = 16
-CONTROLS = ("scratch", "launch", "launch-out", "fill")  # the warm modes that leave the inputs cold
 
 
 def control_touch(device: torch.device, nbytes: int, mode: str) -> None:
@@ -135,7 +134,7 @@ def touch(t: torch.Tensor, mode: str) -> None:
     "scratch" reads a buffer of its size instead (the read's kernel, the input left cold), "launch"
     one of LAUNCH_CONTROL_BYTES, "launch-out" that into a given output, "fill" fills one
     (`control_touch`)."""
-    if mode in CONTROLS:
+    if mode in WARM_CONTROLS:
         control_touch(t.device, t.numel() * t.element_size(), mode)
     elif mode == "write" and t.is_contiguous():
         t.view(-1).view(torch.uint8).bitwise_or_(0)
@@ -146,10 +145,10 @@ def touch(t: torch.Tensor, mode: str) -> None:
 def barrier(device: torch.device, flag: torch.Tensor, inputs: Sequence[torch.Tensor | None] = (),
             warm: str = "") -> None:
     """Before each timed call. Without a process group (a one-GPU script) only the sleep. `warm`
-    (BenchConfig.warm_mode(): "read", "write" or the controls in CONTROLS; "" cold): the call's
-    `inputs` each touched once first (`touch`), so the call finds them in L2 and the TLBs as a
-    model's step would. The touches go before the sleep, not after it: the op then follows the sleep (and
-    all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
+    (BenchConfig.warm_mode(): "read", "write" or the controls in WARM_CONTROLS; "" cold): the
+    call's `inputs` each touched once first (`touch`), so the call finds them in L2 and the TLBs as
+    a model's step would. The touches go before the sleep, not after it: the op then follows the
+    sleep (and all-reduce) as a cold one does, with no kernel between them. (The small whole contiguous ops are
     still 0.5-1.7 us slower warm, read or written, in every launch form, runs 52 and 54: not this
     kernel, nor the SMs' carveout; nor the inputs' warmth: "scratch" costs it too, run 55; nor the
     memory the touches sweep: "launch" costs it too, run 56. "fill" costs the dispatch too, not the

@@ -53,7 +53,9 @@ class CommConfig:
         )
 
 
-WARM_BY = ("read", "write", "scratch", "launch", "launch-out", "fill")
+# The warm modes that leave the inputs cold (BenchConfig.warm_by says what each touches).
+WARM_CONTROLS = ("scratch", "launch", "launch-out", "fill")
+WARM_BY = ("read", "write") + WARM_CONTROLS
 
 
 @dataclasses.dataclass

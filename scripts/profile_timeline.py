@@ -86,8 +86,8 @@ def _listing(acts: list[dict], rounds: int = 1) -> list[str]:
         return ["(no barrier found in the trace)"]
     rounds = min(rounds, len(sections) // 2)
     lines: list[str] = []
-    for first in (-2, -1):
-        chosen = sections[len(sections) + first - 2 * (rounds - 1) :: 2][:rounds]
+    recent = sections[-2 * rounds :]  # dispatch, combine, dispatch, ... combine
+    for chosen in (recent[0::2], recent[1::2]):
         label = chosen[0][0]
         per_place: dict[tuple[int, str], list[tuple[str, float, float]]] = {}
         for _, (barrier, *rest) in chosen:
